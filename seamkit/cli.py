@@ -1,0 +1,155 @@
+"""The `seamkit` command: info, train, seams, prune-check, reproduce.
+
+Every subcommand builds a RunConfig from a preset plus overrides (the same `config.override`
+the notebooks and widgets use), then calls one library function. User errors (a bad config,
+a missing or corrupt checkpoint, an empty corpus...) exit with status 2 and one line; Ctrl-C
+exits with 130 after the library has written what it had.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from . import config as C
+
+
+def _common(p: argparse.ArgumentParser, preset: str = "cpu") -> None:
+    p.add_argument("--preset", default=preset, choices=sorted(C.PRESETS), help=f"config preset (default {preset})")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config field, e.g. --set model.dim=64 (repeatable)")
+    p.add_argument("--seed", type=int, help="train.seed")
+    p.add_argument("--threads", type=int, help="torch threads (train.threads)")
+
+
+def build_config(args) -> C.RunConfig:
+    cfg = C.preset(args.preset)
+    ov = C.parse_overrides(args.overrides)
+    for flag, key in (("seed", "train.seed"), ("threads", "train.threads"), ("budget", "train.budget_seconds"),
+                      ("max_steps", "train.max_steps"), ("objective", "seams.objective"), ("seams", "seams.seams"),
+                      ("stages", "seams.stages"), ("windows", "prune.windows"), ("samples", "prune.samples"),
+                      ("policy", "prune.policy"), ("dtype", "prune.dtype")):
+        value = getattr(args, flag, None)
+        if value is not None:
+            ov[key] = value
+    return C.override(cfg, ov)
+
+
+def cmd_info(args) -> int:
+    from .model import param_counts
+    from .seams import parse_seams, traffic_bytes, traffic_ratios
+    cfg = build_config(args)
+    seams = parse_seams(cfg.seams.seams, cfg.model.n_blocks)
+    b = traffic_bytes(cfg.model, cfg.data.batch, len(seams))
+    out = {"preset": cfg.preset, "config": cfg.to_dict(), **param_counts(cfg.model), "seam_blocks": seams,
+           "bytes": b, **traffic_ratios(b)}
+    if args.json:
+        print(json.dumps(out, indent=2))
+        return 0
+    m = cfg.model
+    print(f"preset {cfg.preset}: vocab {m.vocab}, dim {m.dim}, n_blocks {m.n_blocks}, n_heads {m.n_heads}, "
+          f"seq {m.seq}, mlp_mult {m.mlp_mult}, batch {cfg.data.batch}, tokenizer {cfg.data.tokenizer}")
+    print(f"params {out['params']:,} (non-embedding {out['params_non_embed']:,})")
+    print(f"seams after blocks {seams}")
+    width = max(len(k) for k in b)
+    for k, v in b.items():
+        print(f"  {k:<{width}}  {v:,}" if isinstance(v, int) else f"  {k:<{width}}  {v}")
+    print(f"traffic e2e/local: {out['traffic_ratio_e2e_over_local']} with allreduce, "
+          f"{out['traffic_ratio_no_allreduce']} without")
+    return 0
+
+
+def cmd_train(args) -> int:
+    from .train import train_run
+    cfg = build_config(args)
+    summary = train_run(cfg, Path(args.out))
+    print(json.dumps({k: summary[k] for k in ("status", "steps", "tokens_per_s", "val_loss", "checkpoint")
+                      if k in summary}, indent=2))
+    return 0 if summary.get("status") == "complete" else 1
+
+
+def cmd_seams(args) -> int:
+    from .train import seams_study, summary_table
+    cfg = build_config(args)
+    report = seams_study(cfg, Path(args.out))
+    print(summary_table(report))
+    print(f"report: {args.out}")
+    return 0 if report.get("status") == "complete" else 1
+
+
+def cmd_prune_check(args) -> int:
+    from .check import prune_check, summary_table
+    cfg = build_config(args)
+    report = prune_check(cfg, Path(args.checkpoint), Path(args.out))
+    print(summary_table(report))
+    print(f"report: {args.out}")
+    return 0 if report.get("status") == "complete" else 1
+
+
+def cmd_reproduce(args) -> int:
+    from .reproduce import reproduce
+    summary = reproduce(preset=args.preset, out_dir=Path(args.out), overrides=C.parse_overrides(args.overrides))
+    print(summary)
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="seamkit", description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("info", help="config, parameter counts and the traffic bytes block")
+    _common(p, preset="seed")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(fn=cmd_info)
+
+    p = sub.add_parser("train", help="train end to end for a budget; writes a checkpoint and a summary")
+    _common(p)
+    p.add_argument("--budget", type=float, help="seconds of training (train.budget_seconds)")
+    p.add_argument("--max-steps", dest="max_steps", type=int, help="train.max_steps")
+    p.add_argument("--out", default="runs/train", help="output directory")
+    p.set_defaults(fn=cmd_train)
+
+    p = sub.add_parser("seams", help="the seams study: e2e vs local under one wall-clock budget")
+    _common(p)
+    p.add_argument("--budget", type=float, help="seconds per arm (train.budget_seconds)")
+    p.add_argument("--max-steps", dest="max_steps", type=int, help="train.max_steps")
+    p.add_argument("--objective", choices=C.OBJECTIVES, help="local objective")
+    p.add_argument("--seams", help="'all', a count, or block indices '1,3,5'")
+    p.add_argument("--stages", type=int, help="run as S real pipeline stages on torch.distributed")
+    p.add_argument("--out", default="reports/seams.json", help="report path")
+    p.set_defaults(fn=cmd_seams)
+
+    p = sub.add_parser("prune-check", help="the pruning study: exact pruning vs a compiled reference step")
+    _common(p)
+    p.add_argument("--checkpoint", required=True, help="checkpoint to start every step from")
+    p.add_argument("--windows", type=int, help="prune.windows")
+    p.add_argument("--samples", type=int, help="prune.samples")
+    p.add_argument("--policy", help="loss policy: all, completion or random:<p>")
+    p.add_argument("--dtype", choices=("float32", "float64"), help="prune.dtype")
+    p.add_argument("--out", default="reports/pruning.json", help="report path")
+    p.set_defaults(fn=cmd_prune_check)
+
+    p = sub.add_parser("reproduce", help="run both notebooks headless (papermill) and write both reports")
+    p.add_argument("--preset", default="cpu", choices=sorted(C.PRESETS))
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--out", default="reports", help="output directory")
+    p.set_defaults(fn=cmd_reproduce)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        return args.fn(args)
+    except C.SeamkitError as e:
+        print(f"seamkit {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"seamkit {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,338 @@
+"""Configuration: one dataclass per concern, composed into one `RunConfig`.
+
+Presets derive from each other (torchtitan style): `seed` is the reference run of
+`shared/reference/seams_report.json`, `cpu` the default for a 2-core machine, `tiny` the
+one the tests use. `override` is the single way to change a config, shared by the CLI,
+papermill parameters and the widgets; it rejects unknown keys and wrong types.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import typing
+from dataclasses import dataclass, field
+
+TOKENIZERS = ("qwen", "bytes")
+OBJECTIVES = ("aux_head", "detached_head", "shared_head")
+DTYPES = ("float32", "float64", "bfloat16")
+PRUNE_MODES = ("base", "prune_exact")
+
+
+class SeamkitError(Exception):
+    """Base of every error a user can act on; the CLI prints it as one line, without a traceback."""
+
+
+class ConfigError(SeamkitError, ValueError):
+    """A config a user can fix."""
+
+
+def _positive(owner: str, **values) -> None:
+    for name, v in values.items():
+        if v is None or v <= 0:
+            raise ConfigError(f"{owner}.{name} must be positive, got {v!r}")
+
+
+@dataclass
+class ModelConfig:
+    vocab: int = 151936  # rows of the embedding and the LM head
+    dim: int = 512  # residual width
+    n_blocks: int = 16  # transformer blocks; seams cut between them
+    n_heads: int = 8  # attention heads; dim must divide evenly
+    seq: int = 512  # tokens per training row
+    mlp_mult: int = 4  # MLP hidden width is mlp_mult * dim
+    rope_base: float = 10000.0  # RoPE frequency base
+    norm_eps: float = 1e-6  # RMSNorm epsilon
+    dropout: float = 0.0  # attention/residual dropout; exact pruning refuses > 0
+
+    def __post_init__(self):
+        _positive("model", vocab=self.vocab, dim=self.dim, n_blocks=self.n_blocks,
+                  n_heads=self.n_heads, seq=self.seq, mlp_mult=self.mlp_mult)
+        if self.dim % self.n_heads:
+            raise ConfigError(f"model.dim={self.dim} is not divisible by model.n_heads={self.n_heads}")
+        if (self.dim // self.n_heads) % 2:
+            raise ConfigError(f"model head size dim/n_heads={self.dim // self.n_heads} must be even for RoPE")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ConfigError(f"model.dropout must be in [0, 1), got {self.dropout}")
+
+
+@dataclass
+class DataConfig:
+    corpus: str = "wordnet"  # "wordnet" (shipped in data/) or a path to a .txt / .jsonl corpus
+    tokenizer: str = "qwen"  # "qwen" (151,936 ids) or "bytes" (UTF-8 bytes + end-of-document + pad)
+    batch: int = 8  # rows per training step
+    window_positions: int = 4864  # max tokens in one packed window of held-out documents
+    cache_dir: str = ".cache/seamkit"  # tokenized corpora are cached here
+
+    def __post_init__(self):
+        if self.tokenizer not in TOKENIZERS:
+            raise ConfigError(f"data.tokenizer must be one of {TOKENIZERS}, got {self.tokenizer!r}")
+        _positive("data", batch=self.batch, window_positions=self.window_positions)
+
+
+@dataclass
+class TrainConfig:
+    budget_seconds: float = 3600.0  # wall-clock training budget per arm (evaluation excluded)
+    max_steps: int = 0  # stop after this many steps as well; 0: only the budget stops
+    lr: float = 3e-4  # AdamW peak learning rate
+    min_lr_frac: float = 0.1  # cosine decay floor, as a fraction of lr
+    warmup_steps: int = 100  # linear warm-up
+    decay_steps: int = 20000  # length of the cosine decay after warm-up (step-based, same for both arms)
+    weight_decay: float = 0.1  # AdamW decoupled weight decay
+    beta1: float = 0.9
+    beta2: float = 0.95
+    grad_clip: float = 1.0  # global-norm clip; 0 disables
+    seed: int = 0  # weights, data order and random loss masks
+    device: str = "auto"  # "auto" (cuda if present), "cpu" or "cuda"
+    dtype: str = "float32"  # parameter dtype on CPU; on CUDA float32 weights run under bf16 autocast
+    threads: int = 0  # torch intra-op threads; 0 leaves torch's default
+    eval_batches: int = 8  # held-out batches for the final loss
+    curve_points: int = 41  # training-loss points spread over the budget, the first at step 0
+    checkpoint_every_s: float = 0.0  # also checkpoint during training every this many seconds; 0: only at the end
+
+    def __post_init__(self):
+        if self.budget_seconds <= 0 and self.max_steps <= 0:
+            raise ConfigError("train.budget_seconds or train.max_steps must be positive")
+        if self.max_steps < 0:
+            raise ConfigError(f"train.max_steps must be >= 0, got {self.max_steps}")
+        _positive("train", lr=self.lr, eval_batches=self.eval_batches)
+        if self.curve_points < 2:
+            raise ConfigError(f"train.curve_points must be >= 2, got {self.curve_points}")
+        if self.device not in ("auto", "cpu", "cuda"):
+            raise ConfigError(f"train.device must be auto, cpu or cuda, got {self.device!r}")
+        if self.dtype not in DTYPES:
+            raise ConfigError(f"train.dtype must be one of {DTYPES}, got {self.dtype!r}")
+        if self.warmup_steps < 0 or self.decay_steps < 0:
+            raise ConfigError("train.warmup_steps and train.decay_steps must be >= 0")
+
+
+@dataclass
+class SeamsConfig:
+    seams: str = "all"  # "all" (after every block but the last), a count "3", or block indices "1,3,5"
+    objective: str = "aux_head"  # local objective: aux_head, detached_head or shared_head
+    aux_classes: int = 8192  # aux_head: K most frequent training tokens (+1 "other"), capped at vocab
+    stages: int = 0  # >0: run as real pipeline stages on torch.distributed (issue: seamkit.dist)
+    micro_batches: int = 0  # e2e pipeline micro-batches; 0: one per stage
+
+    def __post_init__(self):
+        if self.objective not in OBJECTIVES:
+            raise ConfigError(f"seams.objective must be one of {OBJECTIVES}, got {self.objective!r}")
+        _positive("seams", aux_classes=self.aux_classes)
+        if self.stages < 0 or self.micro_batches < 0:
+            raise ConfigError("seams.stages and seams.micro_batches must be >= 0")
+
+
+@dataclass
+class PruneConfig:
+    windows: int = 4  # held-out windows to check and time
+    samples: int = 3  # timed samples per window and mode, after warm-up
+    warmup: int = 1  # untimed steps per window and mode before sampling
+    policy: str = "completion"  # loss policy: all, completion or random:<p>
+    split: str = "test"  # held-out split the windows come from
+    dtype: str = "float32"  # float32 or float64 (the 1e-12 check)
+    compile_reference: bool = True  # reference = torch.compile of the unpruned step
+
+    def __post_init__(self):
+        _positive("prune", windows=self.windows, samples=self.samples)
+        if self.warmup < 0:
+            raise ConfigError(f"prune.warmup must be >= 0, got {self.warmup}")
+        check_policy(self.policy)
+        if self.split not in ("train", "val", "test"):
+            raise ConfigError(f"prune.split must be train, val or test, got {self.split!r}")
+        if self.dtype not in ("float32", "float64"):
+            raise ConfigError(f"prune.dtype must be float32 or float64, got {self.dtype!r}")
+
+
+def check_policy(policy: str) -> float | None:
+    """Validate a loss policy; returns p for `random:<p>`, else None."""
+    if policy in ("all", "completion"):
+        return None
+    if policy.startswith("random:"):
+        try:
+            p = float(policy.split(":", 1)[1])
+        except ValueError:
+            p = -1.0
+        if 0.0 < p <= 1.0:
+            return p
+    raise ConfigError(f"loss policy must be all, completion or random:<p> with 0 < p <= 1, got {policy!r}")
+
+
+@dataclass
+class RunConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    seams: SeamsConfig = field(default_factory=SeamsConfig)
+    prune: PruneConfig = field(default_factory=PruneConfig)
+    preset: str = "seed"  # the preset this config started from (informational)
+
+    def __post_init__(self):
+        need = tokenizer_vocab(self.data.tokenizer)
+        if self.model.vocab < need:
+            raise ConfigError(f"model.vocab={self.model.vocab} is smaller than the {self.data.tokenizer} "
+                              f"tokenizer's {need} ids")
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def tokenizer_vocab(name: str) -> int:
+    """Ids a tokenizer can emit (the model's vocab must be at least this)."""
+    return {"qwen": 151936, "bytes": 258}[name]
+
+
+# ----------------------------------------------------------------------------- presets
+
+def seed() -> RunConfig:
+    """The reference run: vocab 151936, dim 512, 16 blocks, 8 heads, seq 512, batch 8, 1 h per arm."""
+    return RunConfig(preset="seed")
+
+
+def cpu() -> RunConfig:
+    """The default on a 2-core CPU: bytes vocabulary, dim 128, 8 blocks; about 5k tokens/s."""
+    c = seed()
+    c.preset = "cpu"
+    c.model = ModelConfig(vocab=tokenizer_vocab("bytes"), dim=128, n_blocks=8, n_heads=4, seq=128, mlp_mult=4)
+    c.data = dataclasses.replace(c.data, tokenizer="bytes", window_positions=1024)
+    c.train = dataclasses.replace(c.train, budget_seconds=120.0, lr=1e-3, warmup_steps=20, decay_steps=2000,
+                                  eval_batches=8)
+    c.seams = dataclasses.replace(c.seams, aux_classes=256)
+    c.prune = dataclasses.replace(c.prune, windows=4, samples=3)
+    return c
+
+
+def tiny() -> RunConfig:
+    """For tests: seconds, not minutes."""
+    c = cpu()
+    c.preset = "tiny"
+    c.model = dataclasses.replace(c.model, dim=32, n_blocks=4, n_heads=2, seq=32)
+    c.data = dataclasses.replace(c.data, batch=4, window_positions=256)
+    c.train = dataclasses.replace(c.train, budget_seconds=3.0, max_steps=0, warmup_steps=2, decay_steps=50,
+                                  eval_batches=2, curve_points=5)
+    c.seams = dataclasses.replace(c.seams, aux_classes=32)
+    c.prune = dataclasses.replace(c.prune, windows=2, samples=2, warmup=1)
+    return c
+
+
+PRESETS = {"seed": seed, "cpu": cpu, "tiny": tiny}
+
+
+def preset(name: str) -> RunConfig:
+    if name not in PRESETS:
+        raise ConfigError(f"unknown preset {name!r}; choose one of {sorted(PRESETS)}")
+    return PRESETS[name]()
+
+
+# ----------------------------------------------------------------------------- overrides
+
+def _coerce(value, typ, key: str):
+    """Turn `value` (maybe a CLI string) into `typ`, or raise a ConfigError naming `key`."""
+    origin = typing.get_origin(typ)
+    if origin is typing.Union or str(origin) == "types.UnionType":
+        args = [a for a in typing.get_args(typ) if a is not type(None)]
+        if value is None or value == "None":
+            return None
+        return _coerce(value, args[0], key)
+    if typ is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "1", "yes", "false", "0", "no"):
+            return value.lower() in ("true", "1", "yes")
+        raise ConfigError(f"{key} expects a bool, got {value!r}")
+    if typ is int:
+        if isinstance(value, bool):
+            raise ConfigError(f"{key} expects an int, got {value!r}")
+        if isinstance(value, int):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        if isinstance(value, str):
+            try:
+                return int(value)
+            except ValueError:
+                pass
+        raise ConfigError(f"{key} expects an int, got {value!r}")
+    if typ is float:
+        if isinstance(value, bool):
+            raise ConfigError(f"{key} expects a float, got {value!r}")
+        if isinstance(value, (int, float)):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        raise ConfigError(f"{key} expects a float, got {value!r}")
+    if typ is str:
+        if isinstance(value, str):
+            return value
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return str(value)  # e.g. seams=3 from papermill
+        raise ConfigError(f"{key} expects a string, got {value!r}")
+    raise ConfigError(f"{key}: unsupported field type {typ}")
+
+
+def override(cfg: RunConfig, overrides: dict | None = None, **kw) -> RunConfig:
+    """Return a new config with dotted keys replaced: {"model.dim": 64, "train.seed": 1}.
+
+    A bare key that names a field in exactly one section also works ("dim", "budget_seconds").
+    Unknown keys and wrong types raise ConfigError; the result is validated again.
+    """
+    items = dict(overrides or {})
+    items.update(kw)
+    sections = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)
+                if dataclasses.is_dataclass(getattr(cfg, f.name))}
+    new = {name: dataclasses.asdict(sec) for name, sec in sections.items()}
+    top = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg) if f.name not in sections}
+    for key, value in items.items():
+        if "." in key:
+            sec, name = key.split(".", 1)
+        else:
+            owners = [s for s, sub in sections.items() if name_in(sub, key)]
+            if key in top:
+                top[key] = _coerce(value, str, key)
+                continue
+            if len(owners) != 1:
+                raise ConfigError(f"unknown config key {key!r}" if not owners else
+                                  f"ambiguous config key {key!r}: say {' or '.join(o + '.' + key for o in owners)}")
+            sec, name = owners[0], key
+        if sec not in sections or not name_in(sections[sec], name):
+            raise ConfigError(f"unknown config key {key!r}")
+        hints = typing.get_type_hints(type(sections[sec]))
+        new[sec][name] = _coerce(value, hints[name], f"{sec}.{name}")
+    built = {name: type(sec)(**new[name]) for name, sec in sections.items()}
+    return RunConfig(**built, **top)
+
+
+def name_in(section, key: str) -> bool:
+    return key in {f.name for f in dataclasses.fields(section)}
+
+
+def parse_overrides(pairs: list[str]) -> dict:
+    """CLI form: ["model.dim=64", "train.seed=1"] -> {"model.dim": "64", ...}."""
+    out = {}
+    for p in pairs:
+        if "=" not in p:
+            raise ConfigError(f"override {p!r} must look like key=value")
+        k, v = p.split("=", 1)
+        out[k.strip()] = v.strip()
+    return out
+
+
+def from_dict(d: dict) -> RunConfig:
+    """Rebuild a RunConfig from `to_dict()` output (checkpoints, reports); unknown keys are errors."""
+    try:
+        parts = {}
+        for f in dataclasses.fields(RunConfig):
+            if f.name in d and isinstance(d[f.name], dict):
+                parts[f.name] = {"model": ModelConfig, "data": DataConfig, "train": TrainConfig,
+                                 "seams": SeamsConfig, "prune": PruneConfig}[f.name](**d[f.name])
+            elif f.name in d:
+                parts[f.name] = d[f.name]
+        return RunConfig(**parts)
+    except TypeError as e:
+        raise ConfigError(f"config does not match this seamkit version: {e}") from None
+
+
+def dumps(cfg: RunConfig) -> str:
+    return json.dumps(cfg.to_dict(), indent=2)

@@ -1,0 +1,199 @@
+"""The GPT of the reference reports, and nothing about training.
+
+Architecture (shared/reference/README.md): untied token embedding and LM head (no bias),
+RoPE and no learned position table, pre-norm blocks with weight-only RMSNorm, qkv and
+output projections with bias, a GELU MLP dim -> mlp_mult*dim -> dim with bias, and a final
+weight-only RMSNorm. Parameters: 2*vocab*dim + n_blocks*(12*dim^2 + 11*dim) + dim.
+
+Blocks are a plain `nn.ModuleList` so a seam can cut between any two (seams.py), and the
+pieces of a block are attributes so the pruned step (prune.py) can run them on subsets of
+positions. Two attention forms:
+- rows: plain causal attention over (B, T) rows of joined documents;
+- windows: document-causal attention over one packed window; a position attends only to
+  earlier positions of its own document, and RoPE uses its position inside the document.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .config import ModelConfig
+
+IGNORE = -100  # target id that is not scored
+
+
+def param_counts(cfg: ModelConfig) -> dict:
+    """Closed-form parameter counts (the reference README's formula)."""
+    embed = 2 * cfg.vocab * cfg.dim
+    block = 2 * cfg.dim + (3 * cfg.dim * cfg.dim + 3 * cfg.dim) + (cfg.dim * cfg.dim + cfg.dim) \
+        + (cfg.mlp_mult * cfg.dim * cfg.dim + cfg.mlp_mult * cfg.dim) + (cfg.mlp_mult * cfg.dim * cfg.dim + cfg.dim)
+    total = embed + cfg.n_blocks * block + cfg.dim
+    return {"params": total, "params_non_embed": total - embed}
+
+
+@dataclass
+class AttnContext:
+    """What every block needs besides its input: RoPE tables and the attention mask."""
+    cos: torch.Tensor  # (B or 1, T, head_dim/2)
+    sin: torch.Tensor
+    mask: torch.Tensor | None  # bool (B, 1, T, T), True = may attend; None = plain causal
+    pos: torch.Tensor  # (B or 1, T) int64 RoPE positions
+
+
+def rope_tables(pos: torch.Tensor, head_dim: int, base: float, dtype: torch.dtype):
+    """cos/sin of shape pos.shape + (head_dim/2,), computed in float64 then cast."""
+    inv = 1.0 / (base ** (torch.arange(0, head_dim, 2, device=pos.device, dtype=torch.float64) / head_dim))
+    ang = pos.to(torch.float64)[..., None] * inv
+    return ang.cos().to(dtype), ang.sin().to(dtype)
+
+
+def apply_rope(x_BHTD: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate pairs (x[2i], x[2i+1]) by pos*theta_i; cos/sin are (B|1, T, D/2)."""
+    cos, sin = cos[:, None], sin[:, None]
+    x1, x2 = x_BHTD[..., 0::2], x_BHTD[..., 1::2]
+    out = torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
+    return out.flatten(-2)
+
+
+def doc_causal_mask(doc_BT: torch.Tensor) -> torch.Tensor:
+    """bool (B, 1, T, T): query i may see key j iff same document and j <= i."""
+    T = doc_BT.shape[-1]
+    causal = torch.ones(T, T, dtype=torch.bool, device=doc_BT.device).tril()
+    same = doc_BT[:, :, None] == doc_BT[:, None, :]
+    return (same & causal)[:, None]
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.n_heads, self.head_dim = cfg.n_heads, cfg.dim // cfg.n_heads
+        self.qkv = nn.Linear(cfg.dim, 3 * cfg.dim, bias=True)
+        self.proj = nn.Linear(cfg.dim, cfg.dim, bias=True)
+        self.dropout = cfg.dropout
+
+    def heads(self, x_BTC: torch.Tensor) -> torch.Tensor:
+        B, T, _ = x_BTC.shape
+        return x_BTC.view(B, T, self.n_heads, self.head_dim).transpose(1, 2)
+
+    def attend(self, q, k, v, ctx: AttnContext, q_rows: torch.Tensor | None = None) -> torch.Tensor:
+        """q (B,H,Tq,D) already rotated; k, v (B,H,T,D). q_rows selects mask rows when Tq < T."""
+        p = self.dropout if self.training else 0.0
+        if ctx.mask is None and q_rows is None:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=p)
+        else:
+            mask = ctx.mask
+            if mask is None:
+                T = k.shape[2]
+                mask = torch.ones(T, T, dtype=torch.bool, device=k.device).tril()[None, None]
+            if q_rows is not None:
+                mask = mask[:, :, q_rows]
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
+        B, H, Tq, D = y.shape
+        return y.transpose(1, 2).reshape(B, Tq, H * D)
+
+    def forward(self, x_BTC: torch.Tensor, ctx: AttnContext) -> torch.Tensor:
+        q, k, v = self.qkv(x_BTC).chunk(3, dim=-1)
+        q = apply_rope(self.heads(q), ctx.cos, ctx.sin)
+        k = apply_rope(self.heads(k), ctx.cos, ctx.sin)
+        y = self.attend(q, k, self.heads(v), ctx)
+        return F.dropout(self.proj(y), self.dropout, self.training)
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.fc = nn.Linear(cfg.dim, cfg.mlp_mult * cfg.dim, bias=True)
+        self.proj = nn.Linear(cfg.mlp_mult * cfg.dim, cfg.dim, bias=True)
+        self.dropout = cfg.dropout
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.dropout(self.proj(F.gelu(self.fc(x))), self.dropout, self.training)
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.norm1 = nn.RMSNorm(cfg.dim, eps=cfg.norm_eps)
+        self.attn = Attention(cfg)
+        self.norm2 = nn.RMSNorm(cfg.dim, eps=cfg.norm_eps)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x_BTC: torch.Tensor, ctx: AttnContext) -> torch.Tensor:
+        x_BTC = x_BTC + self.attn(self.norm1(x_BTC), ctx)
+        return x_BTC + self.mlp(self.norm2(x_BTC))
+
+
+class GPT(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.embed = nn.Embedding(cfg.vocab, cfg.dim)
+        self.blocks = nn.ModuleList([Block(cfg) for _ in range(cfg.n_blocks)])
+        self.norm = nn.RMSNorm(cfg.dim, eps=cfg.norm_eps)
+        self.head = nn.Linear(cfg.dim, cfg.vocab, bias=False)
+        self.reset_parameters()
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        """GPT-2 init: N(0, 0.02), residual projections scaled by 1/sqrt(2*n_blocks)."""
+        if self.embed.weight.is_meta:
+            return
+        for name, p in self.named_parameters():
+            if name.endswith("bias"):
+                p.zero_()
+            elif "norm" in name:
+                p.fill_(1.0)
+            else:
+                std = 0.02 / math.sqrt(2 * self.cfg.n_blocks) if name.endswith("proj.weight") else 0.02
+                p.normal_(0.0, std)
+
+    def context(self, T: int, device, dtype, pos_BT: torch.Tensor | None = None,
+                doc_BT: torch.Tensor | None = None) -> AttnContext:
+        """Rows: pos_BT and doc_BT None (positions 0..T-1, causal). Windows: both given."""
+        if pos_BT is None:
+            pos_BT = torch.arange(T, device=device)[None]
+        cos, sin = rope_tables(pos_BT, self.cfg.dim // self.cfg.n_heads, self.cfg.rope_base, dtype)
+        mask = doc_causal_mask(doc_BT) if doc_BT is not None else None
+        return AttnContext(cos=cos, sin=sin, mask=mask, pos=pos_BT)
+
+    def forward(self, idx_BT: torch.Tensor, pos_BT: torch.Tensor | None = None,
+                doc_BT: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits (B, T, vocab)."""
+        x = self.embed(idx_BT)
+        ctx = self.context(idx_BT.shape[1], idx_BT.device, x.dtype, pos_BT, doc_BT)
+        for block in self.blocks:
+            x = block(x, ctx)
+        return self.head(self.norm(x))
+
+
+def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy over targets != IGNORE, in float32 at least."""
+    logits = logits.reshape(-1, logits.shape[-1])
+    if logits.dtype in (torch.bfloat16, torch.float16):
+        logits = logits.float()
+    return F.cross_entropy(logits, targets.reshape(-1), ignore_index=IGNORE)
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        from .config import ConfigError
+        raise ConfigError("train.device=cuda but no CUDA device is available")
+    return torch.device(name)
+
+
+def param_dtype(name: str) -> torch.dtype:
+    """Weights stay float32 for bfloat16 runs (bf16 comes from autocast on CUDA)."""
+    return {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.float32}[name]
+
+
+def autocast(device: torch.device, dtype_name: str):
+    """bf16 autocast on CUDA (the reference's bf16 activations); a no-op elsewhere."""
+    enabled = device.type == "cuda" and dtype_name in ("float32", "bfloat16")
+    return torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=enabled)

@@ -1,0 +1,208 @@
+"""Reports: the two JSON schemas of shared/reference/, atomic writes, validation, provenance.
+
+A report has the reference file's keys and nesting (shared/reference/README.md); extra keys
+are allowed. `validate` names the first field that is missing or of the wrong type, and
+`write_report` refuses to write an invalid report, so nothing half-right lands on disk
+either. Provenance (config, versions, git commit, machine) rides along in every report.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+
+from .config import SeamkitError
+
+SCHEMA_VERSION = 1
+NUM = (int, float)
+OPT_NUM = (int, float, type(None))
+OPT_STR = (str, type(None))
+
+_ARM = {
+    "arm": str, "steps": int, "tokens": int, "elapsed_s": NUM, "tokens_per_s": NUM,
+    "final_loss": OPT_NUM, "final_ppl": OPT_NUM, "peak_vram_bytes": (int, type(None)), "loss_curve": [NUM],
+}
+SEAMS_SCHEMA = {
+    "config": {"vocab": int, "dim": int, "n_blocks": int, "n_heads": int, "seq": int, "mlp_mult": int},
+    "batch": int,
+    "budget_seconds": NUM,
+    "device": str,
+    "gpu": OPT_STR,
+    "bytes": {
+        "activation_bytes_per_seam": int, "seams": int, "e2e_per_step": int, "local_per_step": int,
+        "e2e_allreduce_per_step": int, "e2e_allreduce_non_embed": int, "params": int,
+        "params_non_embed": int, "embed_share": NUM,
+    },
+    "arms": {"e2e": _ARM, "local": _ARM},
+    "traffic_ratio_e2e_over_local": NUM,
+}
+
+_STATS = {"nll": NUM, "gradnorm": NUM, "skipped": int, "kept": int, "projected": int}
+PRUNING_SCHEMA = {
+    "status": str,
+    "checkpoint": str,
+    "training_continued": bool,
+    "reference": str,
+    "checks": [{
+        "window": int, "mode": str, "loss_delta": NUM, "gradient_none_difference": [str],
+        "gradient_max": NUM, "parameter_update_max": NUM, "optimizer_state_max": NUM, "stats": _STATS,
+    }],
+    "timings": [{
+        "window": int, "mode": str, "words": int, "positions": int, "documents": int,
+        "samples": [{"seconds": NUM, "words_per_second": NUM, "allocated_GiB": NUM, "reserved_GiB": NUM}],
+        "stats": _STATS,
+    }],
+}
+SCHEMAS = {"seams": SEAMS_SCHEMA, "pruning": PRUNING_SCHEMA}
+
+
+class ReportError(SeamkitError, ValueError):
+    """An invalid or unreadable report; one line naming the file and the first bad field."""
+
+
+def _type_name(t) -> str:
+    if isinstance(t, tuple):
+        return " or ".join("null" if x is type(None) else x.__name__ for x in t)
+    return t.__name__
+
+
+def check(value, schema, where: str = "") -> str | None:
+    """First problem of `value` against `schema` as 'field: what', or None."""
+    if isinstance(schema, dict):
+        if not isinstance(value, dict):
+            return f"{where or 'report'}: expected an object, got {type(value).__name__}"
+        for key, sub in schema.items():
+            name = f"{where}.{key}" if where else key
+            if key not in value:
+                return f"{name}: missing"
+            bad = check(value[key], sub, name)
+            if bad:
+                return bad
+        return None
+    if isinstance(schema, list):
+        if not isinstance(value, list):
+            return f"{where}: expected a list, got {type(value).__name__}"
+        for i, item in enumerate(value):
+            bad = check(item, schema[0], f"{where}[{i}]")
+            if bad:
+                return bad
+        return None
+    types = schema if isinstance(schema, tuple) else (schema,)
+    if isinstance(value, bool) and bool not in types:
+        return f"{where}: expected {_type_name(schema)}, got bool"
+    if not isinstance(value, types):
+        return f"{where}: expected {_type_name(schema)}, got {type(value).__name__}"
+    if isinstance(value, float) and not math.isfinite(value) and float in types:
+        return f"{where}: not a finite number ({value})"
+    return None
+
+
+def kind_of(report: dict) -> str:
+    if isinstance(report, dict) and "arms" in report:
+        return "seams"
+    if isinstance(report, dict) and "checks" in report:
+        return "pruning"
+    raise ReportError("report is neither a seams report (no 'arms') nor a pruning report (no 'checks')")
+
+
+def validate(report: dict, kind: str | None = None) -> str:
+    """Raise ReportError at the first bad field; returns the report's kind."""
+    kind = kind or kind_of(report)
+    bad = check(report, SCHEMAS[kind])
+    if bad:
+        raise ReportError(f"{kind} report: {bad}")
+    return kind
+
+
+def _json_default(o):
+    if isinstance(o, Path):
+        return str(o)
+    if isinstance(o, torch.Tensor) and o.numel() == 1:
+        return o.item()
+    raise TypeError(f"not JSON serializable: {type(o).__name__}")
+
+
+def atomic_write_text(path, text: str) -> None:
+    """Write to a temporary file beside `path`, fsync, rename: readers never see half a file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_json(path, obj) -> None:
+    atomic_write_text(path, json.dumps(obj, indent=2, default=_json_default, allow_nan=False) + "\n")
+
+
+def write_report(path, report: dict, kind: str | None = None) -> Path:
+    """Validate, then write atomically. An invalid report is never written."""
+    validate(report, kind)
+    write_json(path, report)
+    return Path(path)
+
+
+def load_report(path, kind: str | None = None) -> dict:
+    path = Path(path)
+    try:
+        report = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ReportError(f"report {path} does not exist") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ReportError(f"report {path} is not valid JSON ({e})") from None
+    try:
+        validate(report, kind)
+    except ReportError as e:
+        raise ReportError(f"report {path}: {e}") from None
+    return report
+
+
+# ----------------------------------------------------------------------------- provenance
+
+def git_commit() -> str:
+    root = Path(__file__).resolve().parents[1]
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=5)
+        commit = out.stdout.strip()
+        if out.returncode != 0 or not commit:
+            return "unknown"
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                               capture_output=True, text=True, timeout=5).stdout.strip()
+        return commit + ("-dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def machine() -> dict:
+    info = {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
+            "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads()}
+    if torch.cuda.is_available():
+        info["gpu"] = torch.cuda.get_device_name(0)
+    return info
+
+
+def provenance(cfg=None) -> dict:
+    from . import __version__
+    out = {"schema_version": SCHEMA_VERSION, "seamkit_version": __version__, "torch_version": torch.__version__,
+           "git_commit": git_commit(), "machine": machine()}
+    if cfg is not None:
+        out["run_config"] = cfg.to_dict()
+    return out
+
+
+def gpu_name(device: torch.device) -> str | None:
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else None

@@ -1,0 +1,110 @@
+import pytest
+import torch
+
+from seamkit import checkpoint as ck
+from seamkit import config as C
+from seamkit.model import GPT
+
+
+def _trained(cfg, steps=2, seed=0):
+    torch.manual_seed(seed)
+    model = GPT(cfg.model)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    for _ in range(steps):
+        idx = torch.randint(0, cfg.model.vocab, (2, 8))
+        model(idx).sum().backward()
+        opt.step()
+        opt.zero_grad()
+    return model, opt
+
+
+def test_round_trip(tmp_path):
+    cfg = C.tiny()
+    model, opt = _trained(cfg)
+    path = tmp_path / "source.pt"
+    cid = ck.save(path, model, opt, cfg, step=2, data_state={"epoch": 0, "position": 64})
+    assert cid.startswith("s") and len(cid) == 15
+    ckpt = ck.load(path)
+    assert ckpt["id"] == cid and ckpt["step"] == 2 and ckpt["data"] == {"epoch": 0, "position": 64}
+    assert ckpt["run_config"] == cfg
+    assert ck.ref(path, cid) == f"source:{cid}"
+
+    model2 = GPT(cfg.model)
+    opt2 = torch.optim.AdamW(model2.parameters(), lr=1e-3)
+    ck.restore(ckpt, model2, opt2, path=str(path))
+    for (n, a), (_, b) in zip(model.state_dict().items(), model2.state_dict().items()):
+        assert torch.equal(a, b), n
+    s1, s2 = opt.state_dict()["state"], opt2.state_dict()["state"]
+    assert all(torch.equal(s1[k]["exp_avg"], s2[k]["exp_avg"]) for k in s1)
+    # the id is a pure function of the tensors
+    assert ck.save(tmp_path / "again.pt", model2, opt2, cfg) == cid
+
+
+def test_missing_and_directory(tmp_path):
+    with pytest.raises(ck.CheckpointError, match=r"nope\.pt does not exist"):
+        ck.load(tmp_path / "nope.pt")
+    with pytest.raises(ck.CheckpointError, match="is a directory"):
+        ck.load(tmp_path)
+
+
+def test_truncated_is_one_line(tmp_path):
+    cfg = C.tiny()
+    model, opt = _trained(cfg, steps=1)
+    path = tmp_path / "c.pt"
+    ck.save(path, model, opt, cfg)
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    with pytest.raises(ck.CheckpointError) as e:
+        ck.load(path)
+    assert "c.pt" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_flipped_tensor_bytes_are_caught(tmp_path):
+    """Tensors changed behind the id's back (here: saved with a stale id) fail the hash check."""
+    cfg = C.tiny()
+    model, opt = _trained(cfg, steps=1)
+    path = tmp_path / "c.pt"
+    ck.save(path, model, opt, cfg)
+    obj = torch.load(path, weights_only=False)
+    obj["model"]["embed.weight"][0, 0] += 1.0
+    torch.save(obj, path)
+    with pytest.raises(ck.CheckpointError, match="corrupt: its tensors hash to"):
+        ck.load(path)
+
+
+def test_mismatched_model(tmp_path):
+    cfg = C.tiny()
+    model, opt = _trained(cfg, steps=1)
+    path = tmp_path / "c.pt"
+    ck.save(path, model, opt, cfg)
+    other = GPT(C.override(cfg, {"model.dim": 64}).model)
+    with pytest.raises(ck.CheckpointError, match=r"does not match the model: dim=32 \(model has 64\)"):
+        ck.restore(ck.load(path), other, path=str(path))
+
+
+def test_not_a_checkpoint(tmp_path):
+    path = tmp_path / "x.pt"
+    torch.save({"hello": 1}, path)
+    with pytest.raises(ck.CheckpointError, match="not a seamkit checkpoint"):
+        ck.load(path)
+    path.write_text("garbage")
+    with pytest.raises(ck.CheckpointError, match="x.pt"):
+        ck.load(path)
+
+
+def test_atomic_write_leaves_nothing_on_failure(tmp_path, monkeypatch):
+    cfg = C.tiny()
+    model, opt = _trained(cfg, steps=1)
+    path = tmp_path / "c.pt"
+    ck.save(path, model, opt, cfg)
+    before = path.read_bytes()
+
+    def boom(obj, f):
+        f.write(b"partial")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(ck.torch, "save", boom)
+    with pytest.raises(KeyboardInterrupt):
+        ck.save(path, model, opt, cfg)
+    assert path.read_bytes() == before  # the old checkpoint is untouched
+    assert [p.name for p in tmp_path.iterdir()] == ["c.pt"]  # no temporary left behind
