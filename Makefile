@@ -1,6 +1,6 @@
 # The two set-up commands of the README: `make reproduce` and `make test`.
 # Both create .venv when it is missing. torch is installed first so that pip does not
-# resolve the bare `torch>=2.4` requirement to a multi-GB CUDA build; GPU users set
+# resolve the bare `torch>=2.6` requirement to a multi-GB CUDA build; GPU users set
 # TORCH_SPEC (e.g. TORCH_SPEC="torch --index-url https://download.pytorch.org/whl/cu124").
 PYTHON ?= python3
 VENV ?= .venv

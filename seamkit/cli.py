@@ -67,16 +67,25 @@ def cmd_train(args) -> int:
     summary = train_run(cfg, Path(args.out))
     print(json.dumps({k: summary[k] for k in ("status", "steps", "tokens_per_s", "val_loss", "checkpoint")
                       if k in summary}, indent=2))
-    return 0 if summary.get("status") == "complete" else 1
+    return _exit_code(summary.get("status"))
+
+
+def _exit_code(status) -> int:
+    """0 complete, 130 interrupted (as for Ctrl-C, after what was done is written), 1 otherwise."""
+    return {"complete": 0, "interrupted": 130}.get(status, 1)
 
 
 def cmd_seams(args) -> int:
     from .train import seams_study, summary_table
     cfg = build_config(args)
-    report = seams_study(cfg, Path(args.out))
+    if cfg.seams.stages > 0:  # real pipeline stages, one process per segment (seamkit.dist)
+        from .dist import launch
+        report = launch(cfg, Path(args.out))
+    else:
+        report = seams_study(cfg, Path(args.out))
     print(summary_table(report))
     print(f"report: {args.out}")
-    return 0 if report.get("status") == "complete" else 1
+    return _exit_code(report.get("status"))
 
 
 def cmd_prune_check(args) -> int:

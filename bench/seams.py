@@ -1,0 +1,279 @@
+"""Benchmark of the seams study (not a test): MFU of e2e, then local/e2e throughput and memory.
+
+1. This machine's matmul FLOP/s (a square float32 matmul) and the e2e arm's achieved model
+   FLOP/s in the same run: MFU = achieved / measured. Model FLOPs per token: 6 * (params without
+   the embedding table) + 6 * n_blocks * seq * dim (causal attention scores and values, fwd+bwd).
+2. local/e2e tokens/s and peak-memory ratios for each objective and each seam count, every arm
+   in its own process (train.run_arm_isolated) so peak RSS is per arm. e2e runs first and last;
+   ratios use the mean of the two (the machine may be shared).
+3. Where each arm's step time goes: forward and backward per segment, the heads (read-out and
+   loss, forward and backward), gradient clipping and the optimizer, from a few in-process steps.
+
+    python bench/seams.py --preset cpu --budget 25
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from seamkit import config as C
+from seamkit import train as T
+from seamkit.data import RowLoader, load_corpus
+from seamkit.model import lm_loss, param_counts
+from seamkit.seams import parse_seams
+
+
+def matmul_flops(n: int = 1024, seconds: float = 2.0) -> float:
+    """Best FLOP/s of an n x n float32 matmul over about `seconds`."""
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    for _ in range(3):
+        a @ b
+    best, end = 0.0, time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        t = time.perf_counter()
+        for _ in range(5):
+            a @ b
+        best = max(best, 5 * 2 * n ** 3 / (time.perf_counter() - t))
+    return best
+
+
+def model_flops_per_token(cfg: C.RunConfig) -> float:
+    m = cfg.model
+    n = param_counts(m)["params"] - m.vocab * m.dim  # the embedding is a lookup, the LM head a matmul
+    return 6 * n + 6 * m.n_blocks * m.seq * m.dim
+
+
+# ----------------------------------------------------------------------------- where the time goes
+
+def timed_step(a: T.Arm, x, y, grad_clip: float) -> dict:
+    """One training step of arm `a`, as train.train_step takes it, timed by phase (seconds).
+
+    Segment k's forward is split into its blocks and its read-out (head + loss); its backward
+    into the read-out's part (until the gradient reaches the segment's output h_BTC, seen by a
+    hook) and the blocks' part. e2e is one segment.
+    """
+    out, model, last = {}, a.model, len(a.segs) - 1
+    t_step = time.perf_counter()
+    for k, blocks in enumerate(a.segs):
+        t0 = time.perf_counter()
+        if k == 0:
+            h = model.embed(x)
+            ctx = model.context(x.shape[1], x.device, h.dtype)
+        else:
+            h = h.detach()
+        for b in blocks:
+            h = model.blocks[b](h, ctx)
+        t1 = time.perf_counter()
+        if k == last:
+            loss = lm_loss(model.head(model.norm(h)), y)
+        elif a.objective == "aux_head":
+            loss = lm_loss(a.heads[k](h), a.classes[y])
+        else:
+            loss = _readout(a, h, y)
+        t2 = time.perf_counter()
+        reached = []
+        h.register_hook(lambda g: reached.append(time.perf_counter()))
+        loss.backward()
+        t3 = time.perf_counter()
+        out.update({f"seg{k} fwd blocks": t1 - t0, f"seg{k} fwd head+loss": t2 - t1,
+                    f"seg{k} bwd head+loss": reached[0] - t2, f"seg{k} bwd blocks": t3 - reached[0]})
+    t4 = time.perf_counter()
+    if grad_clip > 0:
+        for g in a.groups:
+            torch.nn.utils.clip_grad_norm_(g, grad_clip)
+    t5 = time.perf_counter()
+    for opt in (a.opt, a.head_opt):
+        if opt is not None:
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+    t6 = time.perf_counter()
+    out.update({"clip": t5 - t4, "optimizer": t6 - t5, "step": t6 - t_step})
+    return out
+
+
+def breakdowns(cfgs: dict, corpus, steps: int = 20, warmup: int = 5, seed: int = 0) -> dict:
+    """Mean seconds per phase for each arm {name: (arm, cfg)}, the arms' steps interleaved in a
+    random order each round (a shared machine's load falls on every arm alike)."""
+    import random
+    arms = {name: T.build_arm(arm, c, corpus) for name, (arm, c) in cfgs.items()}
+    loaders = {name: RowLoader(corpus, "train", c.data.batch, c.model.seq, c.train.seed)
+               for name, (_, c) in cfgs.items()}
+    totals = {name: {} for name in arms}
+    order, rng = list(arms), random.Random(seed)
+    for r in range(warmup + steps):
+        rng.shuffle(order)
+        for name in order:
+            x, y = loaders[name].next()
+            t = timed_step(arms[name], x, y, cfgs[name][1].train.grad_clip)
+            if r >= warmup:
+                for k, v in t.items():
+                    totals[name][k] = totals[name].get(k, 0.0) + v / steps
+    return totals
+
+
+def _readout(a, h, y) -> torch.Tensor:
+    """detached_head / shared_head read-outs, as seams.segment_losses computes them."""
+    n = a.model.norm
+    if a.objective == "detached_head":
+        z = F.rms_norm(h, n.normalized_shape, n.weight.detach(), n.eps)
+        return lm_loss(F.linear(z, a.model.head.weight.detach()), y)
+    return lm_loss(a.model.head(n(h)), y)
+
+
+def summarize_breakdown(b: dict) -> dict:
+    """Totals by kind: blocks forward/backward, heads (read-out + loss, both ways), clip, optimizer."""
+    out = {"fwd blocks": 0.0, "bwd blocks": 0.0, "heads": 0.0}
+    for k, v in b.items():
+        if k.endswith("fwd blocks"):
+            out["fwd blocks"] += v
+        elif k.endswith("bwd blocks"):
+            out["bwd blocks"] += v
+        elif "head+loss" in k:
+            out["heads"] += v
+    out["clip"], out["optimizer"], out["step"] = b["clip"], b["optimizer"], b["step"]
+    out["other"] = out["step"] - sum(v for k, v in out.items() if k != "step")
+    return out
+
+
+# ----------------------------------------------------------------------------- throughput
+
+def interleaved_step_seconds(cfgs: dict, corpus, rounds: int = 12, warmup: int = 3, seed: int = 0) -> dict:
+    """Median seconds of one training step per arm, the arms' steps interleaved in one process
+    (a random order each round), so a shared machine's load falls on every arm alike."""
+    import random
+    arms = {name: T.build_arm(arm, c, corpus) for name, (arm, c) in cfgs.items()}
+    loaders = {name: RowLoader(corpus, "train", c.data.batch, c.model.seq, c.train.seed)
+               for name, (_, c) in cfgs.items()}
+    times = {name: [] for name in arms}
+    order, rng = list(arms), random.Random(seed)
+    for r in range(warmup + rounds):
+        rng.shuffle(order)
+        for name in order:
+            c = cfgs[name][1]
+            t = time.perf_counter()
+            x, y = loaders[name].next()
+            T.train_step(arms[name], x, y, T.lr_at(r, c.train), c.train.grad_clip)
+            if r >= warmup:
+                times[name].append(time.perf_counter() - t)
+    return {name: statistics.median(v) for name, v in times.items()}
+
+
+# ----------------------------------------------------------------------------- main
+
+def _table(rows: list[tuple]) -> str:
+    widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
+    out = ["| " + " | ".join(str(c).ljust(w) for c, w in zip(rows[0], widths)) + " |",
+           "|" + "|".join("-" * (w + 2) for w in widths) + "|"]
+    out += ["| " + " | ".join(str(c).ljust(w) for c, w in zip(r, widths)) + " |" for r in rows[1:]]
+    return "\n".join(out)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--preset", default="cpu")
+    ap.add_argument("--budget", type=float, default=20.0, help="seconds per arm in the budget runs")
+    ap.add_argument("--seams", default="1,3,7", help="seam counts to try")
+    ap.add_argument("--objectives", default=",".join(C.OBJECTIVES))
+    ap.add_argument("--threads", type=int, default=0, help="torch threads everywhere (0: torch's default)")
+    ap.add_argument("--rounds", type=int, default=12, help="interleaved steps per arm")
+    ap.add_argument("--breakdown-steps", type=int, default=20)
+    ap.add_argument("--json", help="also write the results here")
+    args = ap.parse_args(argv)
+
+    cfg = C.override(C.preset(args.preset), {"train.budget_seconds": args.budget, "train.threads": args.threads})
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
+    corpus = load_corpus(cfg.data)
+    local_cfgs = {(o, n): C.override(cfg, {"seams.objective": o, "seams.seams": n})
+                  for o in args.objectives.split(",") for n in args.seams.split(",")}
+    tokens_per_step = cfg.data.batch * cfg.model.seq
+    flops_per_token = model_flops_per_token(cfg)
+
+    peak = matmul_flops()
+    print(f"preset {args.preset}: {cfg.model}, batch {cfg.data.batch}; torch threads {torch.get_num_threads()}; "
+          f"matmul {peak / 1e9:.1f} GFLOP/s (1024^2 float32)", flush=True)
+
+    # 1. throughput, interleaved in one process
+    steps = interleaved_step_seconds({"e2e": ("e2e", cfg), **{k: ("local", c) for k, c in local_cfgs.items()}},
+                                     corpus, rounds=args.rounds)
+    print(f"interleaved: median step e2e {steps['e2e'] * 1e3:.1f} ms", flush=True)
+
+    # 2. budget runs, each arm in its own process (peak RSS per arm)
+    def budget_run(name, c):
+        r, _ = T.run_arm_isolated(name, c)
+        r["mem"] = r["peak_vram_bytes"] if r["peak_vram_bytes"] is not None else r["peak_rss_bytes"]
+        r["mem_train"] = r["mem"] - r["rss_start_bytes"] if r["peak_vram_bytes"] is None else r["mem"]
+        label = f"{name} {c.seams.objective} {c.seams.seams}" if name == "local" else name
+        print(f"  budget run {label}: {r['steps']} steps, {r['tokens_per_s']:,.0f} tok/s, final loss "
+              f"{r['final_loss']:.4f}, peak {r['mem'] / 2**20:.0f} MiB (+{r['mem_train'] / 2**20:.0f} MiB "
+              f"during training)", flush=True)
+        return r
+    e2e_runs = [budget_run("e2e", cfg)]
+    local_runs = {k: budget_run("local", c) for k, c in local_cfgs.items()}
+    e2e_runs.append(budget_run("e2e", cfg))
+
+    def e2e_mean(key):
+        return statistics.mean(r[key] for r in e2e_runs)
+
+    e2e_tps_interleaved = tokens_per_step / steps["e2e"]
+    print()
+    for label, tps in (("interleaved median step", e2e_tps_interleaved),
+                       ("budget runs (mean of first and last)", e2e_mean("tokens_per_s"))):
+        achieved = flops_per_token * tps
+        print(f"e2e MFU, {label}: {tps:,.0f} tok/s x {flops_per_token / 1e6:.2f} MFLOP/token = "
+              f"{achieved / 1e9:.2f} GFLOP/s = {achieved / peak:.1%} of the measured matmul")
+    tps = ", ".join(f"{r['tokens_per_s']:,.0f}" for r in e2e_runs)
+    losses = ", ".join(f"{r['final_loss']:.4f}" for r in e2e_runs)
+    print(f"e2e budget runs (first, last): {tps} tok/s; final loss {losses}")
+    print()
+    rows = [("objective", "seams", "tok/s local/e2e (interleaved)", "tok/s local/e2e (budget run)",
+             "peak RSS local/e2e", "RSS growth in training local/e2e", "final loss local (e2e)")]
+    for (o, n), r in local_runs.items():
+        rows.append((o, n, f"{steps['e2e'] / steps[(o, n)]:.2f}x",
+                     f"{r['tokens_per_s'] / e2e_mean('tokens_per_s'):.2f}x",
+                     f"{r['mem'] / e2e_mean('mem'):.2f}x", f"{r['mem_train'] / e2e_mean('mem_train'):.2f}x",
+                     f"{r['final_loss']:.3f} ({e2e_mean('final_loss'):.3f})"))
+    print(_table(rows))
+
+    # 3. where the time goes
+    print()
+    print(f"where a step goes (ms per step, mean of {args.breakdown_steps} interleaved in-process steps after 5 "
+          "warm-up steps):")
+    n_last = args.seams.split(",")[-1]
+    wanted = {"e2e": ("e2e", cfg)}
+    for o in args.objectives.split(","):
+        for n in sorted({args.seams.split(",")[0], n_last}, key=int):
+            wanted[f"local {o}, {n} seams"] = ("local", local_cfgs[(o, n)])
+    parts = breakdowns(wanted, corpus, args.breakdown_steps)
+    kinds = ["fwd blocks", "bwd blocks", "heads", "clip", "optimizer", "other", "step"]
+    print(_table([("arm", *kinds)] + [(name, *(f"{1e3 * summarize_breakdown(b)[k]:.1f}" for k in kinds))
+                                      for name, b in parts.items()]))
+    print()
+    print("per segment (ms): fwd blocks / fwd head+loss / bwd head+loss / bwd blocks")
+    for name, b in parts.items():
+        segs = sorted({k.split()[0] for k in b if k.startswith("seg")}, key=lambda s: int(s[3:]))
+        cells = [f"{s}: " + " / ".join(f"{1e3 * b[f'{s} {p}']:.1f}" for p in
+                                        ("fwd blocks", "fwd head+loss", "bwd head+loss", "bwd blocks")) for s in segs]
+        print(f"  {name}: " + "; ".join(cells))
+    if args.json:
+        drop = ("loss_curve_segments",)
+        Path(args.json).write_text(json.dumps({
+            "matmul_flops": peak, "flops_per_token": flops_per_token,
+            "interleaved_step_s": {str(k): v for k, v in steps.items()},
+            "e2e": [{k: v for k, v in r.items() if k not in drop} for r in e2e_runs],
+            "local": [{"objective": o, "seams": n, **{k: v for k, v in r.items() if k not in drop}}
+                      for (o, n), r in local_runs.items()],
+            "breakdown": parts}, indent=2, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
