@@ -94,3 +94,83 @@ def seams_figures(report: dict) -> dict[str, go.Figure]:
 
 
 # ----------------------------------------------------------------------------- pruning report
+
+PRUNE_MODE_COLORS = {"base": "#636efa", "prune_exact": "#ef553b"}
+PRUNE_KINDS = ("dropped (not computed)", "context: computed", "context: keys and values only", "target")
+PRUNE_KIND_COLORS = ("#e5e5e5", "#9ecae1", "#3182bd", "#e6550d")
+
+
+def _median(xs: list) -> float:
+    xs = sorted(xs)
+    m = len(xs) // 2
+    return xs[m] if len(xs) % 2 else (xs[m - 1] + xs[m]) / 2
+
+
+def _pruning_per_sample(report: dict, key: str, title: str, yaxis: str) -> go.Figure:
+    """Median bars per window and mode, with every sample as a point."""
+    fig = go.Figure()
+    for mode, color in PRUNE_MODE_COLORS.items():
+        rows = [t for t in report["timings"] if t["mode"] == mode]
+        if not rows:
+            continue
+        wins = [f"window {t['window']}" for t in rows]
+        fig.add_trace(go.Bar(name=mode, x=wins, y=[_median([s[key] for s in t["samples"]]) for t in rows],
+                             marker_color=color, offsetgroup=mode))
+        fig.add_trace(go.Scatter(name=f"{mode} samples", x=[w for w, t in zip(wins, rows) for _ in t["samples"]],
+                                 y=[s[key] for t in rows for s in t["samples"]], mode="markers", showlegend=False,
+                                 marker={"color": "black", "size": 5}, offsetgroup=mode))
+    fig.update_layout(barmode="group", scattermode="group", title=title, yaxis_title=yaxis, template="plotly_white")
+    return fig
+
+
+def pruning_speed_figure(report: dict) -> go.Figure:
+    """Words per second of every window and mode (median bar, samples as points)."""
+    ratios = ", ".join(f"{w['speedup']:.2f}x" for w in report.get("windows", []))
+    return _pruning_per_sample(report, "words_per_second", "training-step throughput"
+                               + (f" (prune_exact/base: {ratios})" if ratios else ""), "words/s")
+
+
+def pruning_memory_figure(report: dict, key: str = "allocated_GiB") -> go.Figure:
+    """Peak memory of every window and mode: allocated_GiB (tensors) or reserved_GiB."""
+    what = report.get("memory_method", "")
+    return _pruning_per_sample(report, key, f"peak memory ({key})", "GiB").update_layout(
+        annotations=[{"text": what, "showarrow": False, "xref": "paper", "yref": "paper", "x": 0, "y": -0.25,
+                      "font": {"size": 9}}] if what else [])
+
+
+def pruning_pattern_grid(pattern: dict) -> tuple[list[str], list[list[int]]]:
+    """Layers by positions, each cell an index into PRUNE_KINDS, from a report's `pattern`."""
+    L, kinds = pattern["n_blocks"], pattern["kind"]
+    rows = {"embedding": [0 if k == 0 else (1 if k == 1 else 3) for k in kinds]}
+    for b in range(1, L):
+        rows[f"block {b}"] = rows["embedding"]
+    rows[f"block {L}"] = [0 if k == 0 else (2 if k == 1 else 3) for k in kinds]
+    rows["final norm, head, loss"] = [3 if k == 2 else 0 for k in kinds]
+    return list(rows), list(rows.values())
+
+
+def pruning_pattern_figure(report: dict) -> go.Figure:
+    """One window's pruning pattern: positions by layer, dropped / context / target."""
+    pat = report["pattern"]
+    layers, z = pruning_pattern_grid(pat)
+    n = len(PRUNE_KINDS)
+    scale = [[v, c] for i, c in enumerate(PRUNE_KIND_COLORS) for v in (i / n, (i + 1) / n)]
+    fig = go.Figure(go.Heatmap(z=z, y=layers, colorscale=scale, zmin=-0.5, zmax=n - 0.5, showscale=False,
+                               hovertemplate="position %{x}<br>%{y}<br>kind %{z}<extra></extra>"))
+    for name, color in zip(PRUNE_KINDS, PRUNE_KIND_COLORS):  # a legend for the discrete colors
+        fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=name,
+                                 marker={"color": color, "size": 10, "symbol": "square"}))
+    kinds = pat["kind"]
+    fig.update_layout(title=f"pruning pattern of window {pat['window']}: {kinds.count(0)} dropped, "
+                            f"{kinds.count(1)} context, {kinds.count(2)} targets of {len(kinds)} positions",
+                      xaxis_title="position in the window", template="plotly_white",
+                      yaxis={"autorange": "reversed"})
+    return fig
+
+
+def pruning_figures(report: dict) -> dict[str, go.Figure]:
+    """Every pruning figure of a report, by name."""
+    figs = {"speed": pruning_speed_figure(report), "memory": pruning_memory_figure(report)}
+    if "pattern" in report:
+        figs["pattern"] = pruning_pattern_figure(report)
+    return figs

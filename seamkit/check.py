@@ -1,0 +1,616 @@
+"""Comparing a training step against a reference step: the pruning study.
+
+Follows shared/reference/pruning_report.json. From one checkpoint, on held-out windows, a
+training step (forward, backward, AdamW step) runs in two modes, `base` (the unpruned step)
+and `prune_exact` (seamkit.prune's pruned step), and each is compared with a reference, the
+unpruned step compiled with torch.compile. Every step starts from the checkpoint on copies
+(`training_continued: false`): a `Stepper` holds one working model and optimizer and resets
+both from the checkpoint's tensors before each step.
+
+Compared, per window and mode (`compare`): the loss, which parameters have a gradient, the
+gradients, the parameters after `optimizer.step()` and every optimizer state tensor. The
+same comparison of `prune_exact` against `base` and the rule tests (`rule_invariance`) are
+kept in the report as well: they need no compiler.
+
+Timings interleave the modes, after warm-up. Memory on CUDA: the allocator's peaks, reset
+per sample. On CPU: `allocated_GiB` is the step's peak of live tensor bytes (the profiler's
+allocation events, from an untimed profiled step of the same mode and window, plus the
+parameters and optimizer state alive before it); `reserved_GiB` is the process's peak
+resident set during the timed sample (VmHWM, reset through /proc/self/clear_refs before it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import dataclasses
+import gc
+import math
+import os
+import re
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch._C._profiler import _EventType
+from tqdm.auto import tqdm
+
+from . import checkpoint as ckpt_mod
+from . import prune
+from .config import RunConfig, SeamkitError, tokenizer_vocab
+from .model import GPT, resolve_device
+from .report import provenance, write_report
+from .train import make_optimizer
+
+MODES = ("base", "prune_exact")
+TOLERANCE = {"float32": 0.0, "float64": 1e-12}  # float32: bitwise is the claim; float64: the issue's bound
+GiB = 2 ** 30
+DTYPES = {"float32": torch.float32, "float64": torch.float64}
+
+
+class CheckError(SeamkitError, ValueError):
+    """A pruning study that cannot run as asked; one line."""
+
+
+# ----------------------------------------------------------------------------- one step
+
+@dataclass
+class StepResult:
+    """What a step leaves behind, copied out of the working model and optimizer."""
+    loss: torch.Tensor  # 0-dim
+    grads: dict  # name -> Tensor or None
+    params: dict  # name -> Tensor after optimizer.step()
+    state: dict  # name -> {state key -> Tensor} after optimizer.step()
+
+
+class Stepper:
+    """A working model and AdamW, reset from the checkpoint's tensors before every step.
+
+    The checkpoint's tensors are copied in, never stepped on. Without optimizer state in the
+    checkpoint, every step starts from a fresh AdamW (step 0, zero moments).
+    """
+
+    def __init__(self, model_cfg, model_state: dict, opt_state: dict | None, cfg: RunConfig,
+                 dtype: torch.dtype, device: torch.device):
+        self.model = GPT(model_cfg).to(device=device, dtype=dtype)
+        self.model.load_state_dict(model_state)
+        self.model.train()
+        t = cfg.train
+        self.opt = make_optimizer(self.model, t)  # the trainers' AdamW: decay on matrices only
+        if opt_state is not None:
+            try:
+                self.opt.load_state_dict(copy.deepcopy(opt_state))
+            except (ValueError, KeyError) as e:
+                raise CheckError(f"checkpoint optimizer state does not fit train.make_optimizer's AdamW ({e})") from None
+            for group, fresh in zip(self.opt.param_groups, make_optimizer(self.model, t).param_groups):
+                # hyperparameters from cfg.train, as the issue asks
+                group.update(lr=t.lr, betas=(t.beta1, t.beta2), weight_decay=fresh["weight_decay"])
+        self.names = {p: n for n, p in self.model.named_parameters()}
+        self.params0 = {n: p.detach().clone() for n, p in self.model.named_parameters()}
+        self.state0 = {p: {k: v.clone() for k, v in s.items()} for p, s in self.opt.state.items()}
+
+    def reset(self) -> None:
+        with torch.no_grad():
+            for n, p in self.model.named_parameters():
+                p.copy_(self.params0[n])
+                p.grad = None
+        self.opt.state.clear()
+        for p, s in self.state0.items():
+            self.opt.state[p] = {k: v.clone() for k, v in s.items()}
+
+    def run(self, loss_fn) -> torch.Tensor:
+        """Forward, backward and optimizer step (the timed work); returns the loss."""
+        loss = loss_fn(self.model)
+        loss.backward()
+        self.opt.step()
+        return loss.detach()
+
+    def result(self, loss: torch.Tensor) -> StepResult:
+        m = self.model
+        return StepResult(
+            loss=loss.clone(),
+            grads={n: (None if p.grad is None else p.grad.detach().clone()) for n, p in m.named_parameters()},
+            params={n: p.detach().clone() for n, p in m.named_parameters()},
+            state={self.names[p]: {k: (v.clone() if torch.is_tensor(v) else torch.tensor(v))
+                                   for k, v in s.items()} for p, s in self.opt.state.items()})
+
+    def step(self, loss_fn) -> StepResult:
+        self.reset()
+        return self.result(self.run(loss_fn))
+
+
+def _maxabs(a: torch.Tensor, b: torch.Tensor) -> float:
+    if a.shape != b.shape:
+        return math.inf
+    if a.numel() == 0:
+        return 0.0
+    return float((a.double() - b.double()).abs().max())
+
+
+def _finite(x: float) -> float:
+    """JSON has no inf or NaN: a difference that is not finite is reported as the largest float."""
+    return x if math.isfinite(x) else sys.float_info.max
+
+
+def compare(ref: StepResult, got: StepResult) -> dict:
+    """The reference report's four differences and the parameters whose gradient is None on one side only."""
+    names = sorted(set(ref.grads) | set(got.grads))
+    none_diff = [n for n in names if (ref.grads.get(n) is None) != (got.grads.get(n) is None)]
+    gmax = max((_maxabs(ref.grads[n], got.grads[n]) for n in names
+                if ref.grads.get(n) is not None and got.grads.get(n) is not None), default=0.0)
+    pmax = max((_maxabs(ref.params[n], got.params[n]) for n in names), default=0.0)
+    smax = 0.0
+    for n in sorted(set(ref.state) | set(got.state)):
+        a, b = ref.state.get(n, {}), got.state.get(n, {})
+        for k in sorted(set(a) | set(b)):
+            smax = max(smax, _maxabs(a[k], b[k]) if k in a and k in b else math.inf)
+    loss = abs(float(got.loss.double()) - float(ref.loss.double()))
+    return {"loss_delta": _finite(loss), "gradient_none_difference": none_diff, "gradient_max": _finite(gmax),
+            "parameter_update_max": _finite(pmax), "optimizer_state_max": _finite(smax)}
+
+
+def differences_zero(d: dict) -> bool:
+    return (not d["gradient_none_difference"] and d["loss_delta"] == 0.0 and d["gradient_max"] == 0.0
+            and d["parameter_update_max"] == 0.0 and d["optimizer_state_max"] == 0.0)
+
+
+def within(d: dict, tol: float) -> bool:
+    return (not d["gradient_none_difference"] and
+            all(d[k] <= tol for k in ("loss_delta", "gradient_max", "parameter_update_max", "optimizer_state_max")))
+
+
+def gradnorm(r: StepResult) -> float:
+    """Global L2 norm of the gradients, in float64."""
+    return float(math.sqrt(sum(float(g.double().pow(2).sum()) for g in r.grads.values() if g is not None)))
+
+
+def stats(r: StepResult, mode: str, window, p: prune.Plan) -> dict:
+    """The reference report's stats, plus `dropped` (rule A) and `targets` (|T|)."""
+    N, t = p.positions, len(p.target)
+    if mode == "base":
+        kept = skipped = dropped = 0
+        projected = prune.projected_pairs(window.pos)
+    else:
+        kept, skipped, dropped = t, N - t, N - len(p.live)
+        projected = prune.projected_pairs(window.pos, p.target)
+    return {"nll": float(r.loss), "gradnorm": gradnorm(r), "skipped": skipped, "kept": kept,
+            "projected": projected, "dropped": dropped, "targets": t}
+
+
+# ----------------------------------------------------------------------------- modes and the reference
+
+def mode_loss(mode: str, window, plan: prune.Plan):
+    """The loss function a mode's step runs: model -> loss."""
+    if mode == "base":
+        return lambda model: prune.base_loss(model, window)
+    if mode == "prune_exact":
+        def pruned(model):
+            p = prune.plan(window)  # the rules run inside the timed step; the GEMM calibration is cached
+            p.blocks = plan.blocks
+            return prune.pruned_loss(model, p)
+        return pruned
+    raise CheckError(f"unknown mode {mode!r}; modes are {MODES}")
+
+
+class Reference:
+    """The unpruned step compiled with torch.compile, or the eager one where compiling fails.
+
+    backend "inductor" (torch.compile's default) generates fused C++ kernels; its CPU
+    embedding backward adds rows with atomics, so run to run it is not reproducible, and it
+    compiles and runs with deterministic algorithms on. backend "aot_eager" compiles the same
+    graph (Dynamo capture, AOTAutograd's joint forward and backward) and runs it with aten's
+    kernels: the control that separates the compiled graph from the compiler's rounding.
+    """
+
+    def __init__(self, compile_reference: bool, backend: str = "inductor"):
+        self.backend = backend
+        self.compiled = torch.compile(prune.base_loss, backend=backend) if compile_reference else None
+        extra = ", deterministic algorithms" if backend == "inductor" else ", aten kernels"
+        self.description = (f"torch.compile ({backend}{extra}) of the unpruned step" if compile_reference
+                            else "eager unpruned step (prune.compile_reference=false)")
+        self.failure = None
+
+    def step(self, stepper: Stepper, window) -> StepResult:
+        if self.compiled is not None:
+            before = torch.are_deterministic_algorithms_enabled()
+            torch.use_deterministic_algorithms(True, warn_only=True)  # warn, not fail, where an op has none
+            try:
+                return stepper.step(lambda model: self.compiled(model, window))
+            except Exception as e:  # compilers fail in many ways; the report says so instead of hiding it
+                first = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
+                self.failure = f"{type(e).__name__}: {first}"
+                self.compiled = None
+                self.description = f"eager unpruned step (torch.compile {self.backend} failed: {self.failure})"
+            finally:
+                torch.use_deterministic_algorithms(before)
+        return stepper.step(lambda model: prune.base_loss(model, window))
+
+
+# ----------------------------------------------------------------------------- the rules, tested bitwise
+
+def rule_invariance(stepper: Stepper, window, p: prune.Plan) -> dict:
+    """Kernel-independent tests of the rules, in the unpruned step.
+
+    A: the token ids at the positions rule A drops are changed. B: the last block's
+    query-side inputs outside T are changed through hooks: its queries, and the input of its
+    MLP's norm (so the MLP, the final norm and the head of those rows). Each returns the four
+    differences against the same unpruned step left unchanged; both must be exactly zero.
+    B's baseline runs with the same hooks adding 0.0: a hook adds autograd nodes, and the
+    order in which a tensor's gradient contributions are summed follows the graph.
+    """
+    model = stepper.model
+    N = window.idx.shape[0]
+    dropped = torch.ones(N, dtype=torch.bool, device=window.idx.device)
+    dropped[p.live] = False
+    ref = stepper.step(lambda m: prune.base_loss(m, window))
+    w_a = dataclasses.replace(window, idx=torch.where(dropped, (window.idx + 1) % model.cfg.vocab, window.idx))
+    out = {"A_dropped_tokens_changed": {**compare(ref, stepper.step(lambda m: prune.base_loss(m, w_a))),
+                                        "positions": int(dropped.sum())}}
+    outside = torch.ones(N, dtype=torch.bool, device=window.idx.device)
+    outside[p.target] = False
+    out["B_query_side_outside_T_changed"] = {**compare(*(query_side_step(stepper, window, outside, delta)
+                                                         for delta in (0.0, 1.0))),
+                                             "positions": int(outside.sum())}
+    return out
+
+
+def query_side_step(stepper: Stepper, window, rows: torch.Tensor, delta: float) -> StepResult:
+    """The unpruned step with `delta` added, at `rows`, to the last block's queries and to the
+    input of its MLP's norm (hooks)."""
+    block, C = stepper.model.blocks[-1], stepper.model.cfg.dim
+
+    def queries(mod, args, y):
+        y = y.clone()
+        y[:, rows, :C] += delta
+        return y
+
+    def mlp_input(mod, args):
+        x = args[0].clone()
+        x[:, rows] += delta
+        return (x,)
+
+    hooks = [block.attn.qkv.register_forward_hook(queries), block.norm2.register_forward_pre_hook(mlp_input)]
+    try:
+        return stepper.step(lambda m: prune.base_loss(m, window))
+    finally:
+        for h in hooks:
+            h.remove()
+
+
+# ----------------------------------------------------------------------------- timing and memory
+
+def _vm_hwm() -> int | None:
+    try:
+        return int(re.search(r"VmHWM:\s+(\d+)", Path("/proc/self/status").read_text()).group(1)) * 1024
+    except (OSError, AttributeError):
+        return None
+
+
+def _reset_hwm() -> bool:
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+        return True
+    except OSError:
+        return False
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def static_bytes(stepper: Stepper) -> int:
+    """Bytes of the tensors alive before a step: parameters and optimizer state."""
+    n = sum(p.numel() * p.element_size() for p in stepper.model.parameters())
+    for s in stepper.opt.state.values():
+        n += sum(v.numel() * v.element_size() for v in s.values() if torch.is_tensor(v))
+    return n
+
+
+@contextlib.contextmanager
+def _quiet_fd2():
+    """The profiler's C++ side logs its start and stop on file descriptor 2; keep them off the
+    progress bar and the summary."""
+    try:
+        sys.stderr.flush()
+        saved, null = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    except OSError:
+        yield
+        return
+    os.dup2(null, 2)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(null)
+
+
+def profiled_peak_bytes(stepper: Stepper, loss_fn) -> int:
+    """Peak live tensor bytes of one step on CPU: the profiler's allocation events, cumulated in
+    time order, on top of the parameters and optimizer state alive before the step."""
+    stepper.reset()
+    base = static_bytes(stepper)
+    with _quiet_fd2(), torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
+                                              profile_memory=True) as prof:
+        stepper.run(loss_fn)
+    allocations = []  # (time, +bytes allocated / -bytes freed), every allocation event of the step
+    stack = list(prof.profiler.kineto_results.experimental_event_tree())
+    while stack:
+        node = stack.pop()
+        if node.typed[0] == _EventType.Allocation and node.typed[1].device.type == "cpu":
+            allocations.append((node.start_time_ns, node.typed[1].alloc_size))
+        stack.extend(node.children)
+    live = peak = 0
+    for _, size in sorted(allocations):
+        live += size
+        peak = max(peak, live)
+    return base + peak
+
+
+def timed_sample(stepper: Stepper, loss_fn, words: int, device: torch.device) -> dict:
+    """One timed step from the checkpoint: seconds, words/s and the step's peak memory."""
+    stepper.reset()
+    gc.collect()
+    if device.type == "cuda":
+        _sync(device)
+        torch.cuda.reset_peak_memory_stats(device)
+    hwm_ok = _reset_hwm()
+    _sync(device)
+    t0 = time.perf_counter()
+    stepper.run(loss_fn)
+    _sync(device)
+    seconds = time.perf_counter() - t0
+    out = {"seconds": seconds, "words_per_second": words / seconds}
+    if device.type == "cuda":
+        out["allocated_GiB"] = torch.cuda.max_memory_allocated(device) / GiB
+        out["reserved_GiB"] = torch.cuda.max_memory_reserved(device) / GiB
+    else:
+        hwm = _vm_hwm() if hwm_ok else None
+        out["reserved_GiB"] = (hwm or 0) / GiB
+    return out
+
+
+# ----------------------------------------------------------------------------- the study
+
+def _load(cfg: RunConfig, checkpoint_path: Path):
+    """The checkpoint, its model config and the data config its windows come from."""
+    ck = ckpt_mod.load(checkpoint_path)
+    saved: RunConfig = ck["run_config"]
+    if saved.data.tokenizer != cfg.data.tokenizer or saved.model.vocab != cfg.model.vocab:
+        raise CheckError(
+            f"checkpoint {checkpoint_path} was trained with tokenizer {saved.data.tokenizer} and vocab "
+            f"{saved.model.vocab}, the config asks for tokenizer {cfg.data.tokenizer} and vocab {cfg.model.vocab}: "
+            f"use the checkpoint's preset or --set data.tokenizer=... model.vocab=...")
+    if saved.model.vocab < tokenizer_vocab(saved.data.tokenizer):
+        raise CheckError(f"checkpoint {checkpoint_path}: vocab {saved.model.vocab} is smaller than its "
+                         f"{saved.data.tokenizer} tokenizer")
+    data_cfg = dataclasses.replace(saved.data, cache_dir=cfg.data.cache_dir)
+    return ck, saved, data_cfg
+
+
+def load_windows(data_cfg, cfg: RunConfig) -> list:
+    """The study's windows: whole held-out documents, cfg.data.window_positions each."""
+    from . import data
+    try:
+        corpus = data.load_corpus(data_cfg)
+        return data.make_windows(corpus, cfg.prune.split, cfg.data.window_positions, cfg.prune.policy,
+                                 cfg.prune.windows, seed=cfg.train.seed)
+    except data.DataError as e:
+        raise CheckError(str(e)) from None
+
+
+def _move(window, device):
+    return dataclasses.replace(window, **{f.name: getattr(window, f.name).to(device)
+                                          for f in dataclasses.fields(window) if torch.is_tensor(getattr(window, f.name))})
+
+
+def prune_check(cfg: RunConfig, checkpoint_path, out_path, windows: list | None = None,
+                progress: bool = True) -> dict:
+    """The pruning study; writes the report to out_path (atomically) and returns it.
+
+    windows: already-built windows (tests); None builds cfg.prune.windows of them from the
+    checkpoint's corpus. On Ctrl-C the report written so far has status "interrupted".
+    """
+    checkpoint_path, out_path = Path(checkpoint_path), Path(out_path)
+    ck, saved, data_cfg = _load(cfg, checkpoint_path)
+    run_cfg = dataclasses.replace(cfg, model=saved.model, data=dataclasses.replace(
+        cfg.data, corpus=saved.data.corpus, tokenizer=saved.data.tokenizer))
+    if saved.model.dropout > 0:
+        raise CheckError(f"checkpoint {checkpoint_path}: model.dropout={saved.model.dropout}; exact pruning "
+                         f"needs dropout 0 (a dropout mask over fewer positions differs)")
+    if cfg.train.threads > 0:
+        torch.set_num_threads(cfg.train.threads)
+    device = resolve_device(cfg.train.device)
+    if device.type == "cuda":  # deterministic cuBLAS for the reference; must be set before cuBLAS starts
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    dtype = DTYPES[cfg.prune.dtype]
+    if windows is None:
+        windows = load_windows(data_cfg, cfg)
+    windows = [_move(w, device) for w in windows]
+
+    torch.manual_seed(cfg.train.seed)
+    try:
+        stepper = Stepper(saved.model, ck["model"], ck["optimizer"], cfg, dtype, device)
+    except RuntimeError as e:
+        raise CheckError(f"checkpoint {checkpoint_path} does not match its model config: "
+                         f"{str(e).splitlines()[0]}") from None
+    reference = Reference(cfg.prune.compile_reference, "inductor")
+    control_ref = Reference(True, "aot_eager") if cfg.prune.compile_reference else None
+    tol = TOLERANCE[cfg.prune.dtype]
+    report = {
+        "status": "running",
+        "checkpoint": ckpt_mod.ref(checkpoint_path, ck["id"]),
+        "training_continued": False,
+        "reference": reference.description,
+        "checks": [], "timings": [],
+        **provenance(),
+        "config": run_cfg.to_dict(),  # the model and its data from the checkpoint, the rest from the command
+        "loss_policy": cfg.prune.policy,
+        "dtype": cfg.prune.dtype,
+        "device": str(device),
+        "runtime": "eager: both modes run eagerly, the reference is compiled",
+        "optimizer": ("AdamW state from the checkpoint" if ck["optimizer"] is not None else
+                      "fresh AdamW state: the checkpoint has no optimizer state"),
+        "optimizer_hyperparameters": {"lr": cfg.train.lr, "betas": [cfg.train.beta1, cfg.train.beta2],
+                                      "weight_decay": cfg.train.weight_decay, "grad_clip": "none in the checked step"},
+        "tolerances": {"bitwise": 0.0, "declared": tol, "dtype": cfg.prune.dtype},
+        "memory_method": ("cuda: torch.cuda max_memory_allocated/reserved, reset per sample" if device.type == "cuda"
+                          else "cpu: allocated_GiB = parameters + optimizer state + the profiler's peak of live "
+                               "tensor bytes in an untimed step of the same window and mode; reserved_GiB = the "
+                               "process's peak resident set (VmHWM, reset per sample) during the timed step"),
+        "controls": [], "rules": [], "windows": [],
+        "bitwise": False, "within_tolerance": False,
+    }
+    samples, warmup = cfg.prune.samples, cfg.prune.warmup
+    total = len(windows) * (2 + len(MODES) * (2 + warmup + samples))
+    bar = tqdm(total=total, desc="prune-check", unit="step", disable=not progress, mininterval=0.5)
+    try:
+        for wi, window in enumerate(windows):
+            _one_window(report, wi, window, stepper, reference, control_ref, samples, warmup, device, bar)
+        report["status"] = "complete"
+    except KeyboardInterrupt:
+        report["status"] = "interrupted"
+        _finish(report, tol)
+        write_report(out_path, report, "pruning")
+        raise
+    finally:
+        bar.close()
+    _finish(report, tol)
+    write_report(out_path, report, "pruning")
+    return report
+
+
+def _one_window(report, wi, window, stepper, reference, control_ref, samples, warmup, device, bar) -> None:
+    model = stepper.model
+    try:
+        p = prune.calibrate(model, prune.plan(window))
+    except prune.PruneError as e:
+        raise CheckError(f"window {wi}: {e}") from None
+    bar.set_postfix_str(f"window {wi}: reference")
+    ref = reference.step(stepper, window)
+    report["reference"] = reference.description
+    bar.update(1)
+    results = {}
+    for mode in MODES:
+        bar.set_postfix_str(f"window {wi}: check {mode}")
+        results[mode] = stepper.step(mode_loss(mode, window, p))
+        d = compare(ref, results[mode])
+        report["checks"].append({"window": wi, "mode": mode, **d,
+                                 "stats": stats(results[mode], mode, window, p), "bitwise": differences_zero(d)})
+        bar.update(1)
+    control = compare(results["base"], results["prune_exact"])
+    report["controls"].append({"window": wi, "compared": "prune_exact vs base (both eager)", **control,
+                               "bitwise": differences_zero(control)})
+    if control_ref is not None:
+        bar.set_postfix_str(f"window {wi}: aot_eager reference")
+        ref2 = control_ref.step(stepper, window)
+        for mode in MODES:
+            d = compare(ref2, results[mode])
+            report["controls"].append({"window": wi, "compared": f"{mode} vs {control_ref.description}", **d,
+                                       "bitwise": differences_zero(d)})
+    bar.set_postfix_str(f"window {wi}: rules")
+    rules = rule_invariance(stepper, window, p)
+    report["rules"].append({"window": wi, **{k: {**v, "bitwise": differences_zero(v)} for k, v in rules.items()}})
+    bar.update(1)
+
+    if "pattern" not in report:
+        report["pattern"] = pattern(window, p, model.cfg.n_blocks, wi)
+
+    words = int(window.words)
+    timing = {m: {"window": wi, "mode": m, "words": words, "positions": int(window.positions),
+                  "documents": int(window.documents), "samples": [],
+                  "stats": stats(results[m], m, window, p)} for m in MODES}
+    fns = {m: mode_loss(m, window, p) for m in MODES}
+    allocated = {}
+    for m in MODES:
+        bar.set_postfix_str(f"window {wi}: warm-up {m}")
+        for _ in range(warmup):
+            stepper.reset()
+            stepper.run(fns[m])
+            bar.update(1)
+        if device.type != "cuda":
+            allocated[m] = profiled_peak_bytes(stepper, fns[m]) / GiB
+        bar.update(1)
+    for s in range(samples):
+        order = MODES if s % 2 == 0 else MODES[::-1]  # interleaved, alternating who goes first
+        for m in order:
+            bar.set_postfix_str(f"window {wi}: sample {s} {m}")
+            sample = timed_sample(stepper, fns[m], words, device)
+            if m in allocated:
+                sample = {"seconds": sample["seconds"], "words_per_second": sample["words_per_second"],
+                          "allocated_GiB": allocated[m], "reserved_GiB": sample["reserved_GiB"]}
+            timing[m]["samples"].append(sample)
+            bar.update(1)
+    report["timings"].extend(timing[m] for m in MODES)
+    b, q = timing["base"]["samples"], timing["prune_exact"]["samples"]
+    report["windows"].append({
+        "window": wi, "words": words, "positions": int(window.positions), "documents": int(window.documents),
+        "speedup": statistics.median(y["words_per_second"] / x["words_per_second"] for x, y in zip(b, q)),
+        "memory_ratio": statistics.median(y["allocated_GiB"] / x["allocated_GiB"] for x, y in zip(b, q)),
+        "reserved_ratio": statistics.median(y["reserved_GiB"] / x["reserved_GiB"] if x["reserved_GiB"] else 1.0
+                                            for x, y in zip(b, q)),
+        "gemm_blocked": sorted(f"{k[0]}:{k[1]}x{k[2]}" for k, v in p.blocks.items() if len(k) == 3 and v is not None),
+        "attention_calls": {k[1]: (None if v is None else len(v)) for k, v in p.blocks.items() if k[0] == "attention"},
+    })
+
+
+def pattern(window, p: prune.Plan, n_blocks: int, wi: int) -> dict:
+    """One window's pruning pattern for the plots: per position 0 dropped (rule A), 1 context
+    (live, not a target: every block, but only keys and values in the last), 2 target."""
+    kind = torch.zeros(p.positions, dtype=torch.long)
+    kind[p.live.cpu()] = 1
+    kind[p.target.cpu()] = 2
+    return {"window": wi, "n_blocks": n_blocks, "positions": p.positions, "kind": kind.tolist(),
+            "doc": window.doc.cpu().tolist()}
+
+
+def _finish(report: dict, tol: float) -> None:
+    checks = report["checks"]
+    report["bitwise"] = bool(checks) and all(c["bitwise"] for c in checks)
+    report["within_tolerance"] = bool(checks) and all(within(c, tol) for c in checks)
+
+
+# ----------------------------------------------------------------------------- the summary table
+
+def _g(x: float) -> str:
+    return "0" if x == 0 else f"{x:.1e}"
+
+
+def summary_table(report: dict) -> str:
+    """Per window and mode: differences, kept/skipped, words/s and memory; then speed-up per window."""
+    rows = [f"reference: {report['reference']}",
+            f"{'win':>3} {'mode':<11} {'loss_d':>8} {'grad_max':>8} {'upd_max':>8} {'state_max':>9} "
+            f"{'none':>4} {'kept':>6} {'skip':>6} {'words/s':>9} {'alloc GiB':>9} {'rss GiB':>8}"]
+    timings = {(t["window"], t["mode"]): t for t in report.get("timings", [])}
+    for c in report.get("checks", []):
+        t = timings.get((c["window"], c["mode"]))
+        wps = f"{statistics.median(s['words_per_second'] for s in t['samples']):9.1f}" if t and t["samples"] else f"{'-':>9}"
+        mem = f"{statistics.median(s['allocated_GiB'] for s in t['samples']):9.3f}" if t and t["samples"] else f"{'-':>9}"
+        rss = f"{statistics.median(s['reserved_GiB'] for s in t['samples']):8.3f}" if t and t["samples"] else f"{'-':>8}"
+        s = c["stats"]
+        rows.append(f"{c['window']:>3} {c['mode']:<11} {_g(c['loss_delta']):>8} {_g(c['gradient_max']):>8} "
+                    f"{_g(c['parameter_update_max']):>8} {_g(c['optimizer_state_max']):>9} "
+                    f"{len(c['gradient_none_difference']):>4} {s['kept']:>6} {s['skipped']:>6} {wps} {mem} {rss}")
+    for w in report.get("windows", []):
+        rows.append(f"window {w['window']}: speed-up {w['speedup']:.3f}x, memory ratio {w['memory_ratio']:.3f}, "
+                    f"rss ratio {w['reserved_ratio']:.3f}")
+    groups: dict = {}
+    for c in report.get("controls", []):
+        groups.setdefault(c["compared"], []).append(c)
+    for what, cs in groups.items():
+        worst = max(max(c[k] for k in ("loss_delta", "gradient_max", "parameter_update_max", "optimizer_state_max"))
+                    for c in cs)
+        rows.append(f"control {what}: {'bitwise equal' if all(c['bitwise'] for c in cs) else f'max diff {worst:.1e}'}"
+                    f" on {len(cs)} window(s)")
+    rules = report.get("rules", [])
+    if rules:
+        ok = all(v["bitwise"] for r in rules for k, v in r.items() if isinstance(v, dict))
+        rows.append(f"rule tests (unpruned step, A and B): {'bitwise equal' if ok else 'DIFFER'}")
+    rows.append(f"bitwise vs reference: {str(report.get('bitwise', False)).lower()}  "
+                f"(dtype {report.get('dtype')}, within tolerance {report.get('tolerances', {}).get('declared')}: "
+                f"{str(report.get('within_tolerance', False)).lower()}), status {report.get('status')}")
+    return "\n".join(rows)
