@@ -11,7 +11,6 @@ from __future__ import annotations
 import hashlib
 import os
 import random
-import tempfile
 import zipfile
 from pathlib import Path
 
@@ -19,6 +18,7 @@ import numpy as np
 import torch
 
 from .config import ConfigError, RunConfig, SeamkitError, from_dict
+from .report import atomic_file
 
 FORMAT = 1
 
@@ -67,19 +67,9 @@ def set_rng_state(state: dict) -> None:
 
 
 def atomic_torch_save(obj, path: str | os.PathLike) -> None:
-    """torch.save to a temporary file beside `path`, fsync, then rename over it."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """torch.save through report.atomic_file: a temporary file beside `path`, then a rename."""
+    with atomic_file(path, "wb") as f:
+        torch.save(obj, f)
 
 
 def save(path, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, cfg: RunConfig,

@@ -36,6 +36,7 @@ from tqdm.auto import tqdm
 
 from .config import DataConfig, SeamkitError, check_policy, tokenizer_vocab
 from .model import IGNORE
+from .report import atomic_file
 
 DATA_DIR = Path(__file__).resolve().parents[1] / "data"
 SHIPPED = {"wordnet": DATA_DIR / "wordnet.jsonl.gz"}
@@ -280,16 +281,9 @@ def _read_cache(path: Path) -> dict[str, np.ndarray] | None:
 
 
 def _write_cache(path: Path, arrays: dict[str, np.ndarray]) -> None:
-    # tmp file + os.replace: a crash or a concurrent run never leaves a half-written cache
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.parent / f".{path.name}.{os.getpid()}.tmp"  # same directory: os.replace stays atomic
-    try:
-        with open(tmp, "wb") as f:  # a file object, so np.savez does not append ".npz"
-            np.savez(f, **arrays)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    # atomic: a crash or a concurrent run never leaves a half-written cache
+    with atomic_file(path, "wb") as f:  # a file object, so np.savez does not append ".npz"
+        np.savez(f, **arrays)
 
 
 # ----------------------------------------------------------------------------- rows

@@ -8,6 +8,7 @@ either. Provenance (config, versions, git commit, machine) rides along in every 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -129,20 +130,32 @@ def _json_default(o):
     raise TypeError(f"not JSON serializable: {type(o).__name__}")
 
 
-def atomic_write_text(path, text: str) -> None:
-    """Write to a temporary file beside `path`, fsync, rename: readers never see half a file."""
+@contextlib.contextmanager
+def atomic_file(path, mode: str = "w"):
+    """Open a temporary file beside `path`; on success fsync and rename it over `path`.
+
+    Readers never see half a file, and an exception (Ctrl-C included) leaves `path` as it was.
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
+        with os.fdopen(fd, mode) as f:
+            yield f
             f.flush()
             os.fsync(f.fileno())
+        mask = os.umask(0)
+        os.umask(mask)
+        os.chmod(tmp, 0o666 & ~mask)  # mkstemp makes 0600; give the file the permissions open() would
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def atomic_write_text(path, text: str) -> None:
+    with atomic_file(path, "w") as f:
+        f.write(text)
 
 
 def write_json(path, obj) -> None:

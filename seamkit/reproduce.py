@@ -1,0 +1,151 @@
+"""`seamkit reproduce`: both studies through their notebooks, headless, with papermill.
+
+Runs notebooks/01_seams.ipynb, then notebooks/02_pruning.ipynb on the e2e checkpoint the first
+one left, both with `interactive=False`. The out directory then holds the executed notebooks,
+both JSON reports (written atomically by the studies themselves), the checkpoints, and
+standalone HTML figures in figures/ with plotly.min.js beside them, so they open offline.
+
+A failing notebook stops the run with one SeamkitError line naming the notebook, the cell and
+the error; the executed notebook keeps the full traceback, and a report written before the
+failure is left as it was (every report is written whole or not at all).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+from .config import SeamkitError, override, preset as make_preset
+from .report import atomic_write_text, load_report
+
+NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
+SEAMS_NB, PRUNING_NB = "01_seams.ipynb", "02_pruning.ipynb"
+
+
+class NotebookError(SeamkitError):
+    """A notebook failed under papermill; the message is one line."""
+
+
+class Summary(dict):
+    """What `reproduce` did (paths, seconds, reports' statuses); prints as a readable summary."""
+
+    def __str__(self) -> str:
+        return self["text"]
+
+
+def _first_line(text) -> str:
+    lines = [s.strip() for s in str(text).strip().splitlines() if s.strip()]
+    return lines[0] if lines else ""
+
+
+def _source_cell(src: Path, source: str, fallback: int) -> int:
+    """Index of the failing cell in the source notebook (papermill inserts cells in its copy)."""
+    try:
+        cells = json.loads(src.read_text())["cells"]
+    except (OSError, ValueError, KeyError):
+        return fallback
+    for i, cell in enumerate(cells):
+        text = cell.get("source", "")
+        if (text if isinstance(text, str) else "".join(text)) == source:
+            return i
+    return fallback
+
+
+def run_notebook(src, dst, parameters: dict, cwd=None, echo: bool = False) -> Path:
+    """Execute `src` into `dst` with papermill; a failing cell raises NotebookError (one line).
+
+    Widget state is not stored (outputs stay small). `echo`: stream the notebook's printed
+    output to this process's stdout/stderr while it runs.
+    """
+    import papermill as pm
+    from papermill.exceptions import PapermillExecutionError
+
+    src, dst = Path(src), Path(dst)
+    if not src.exists():
+        raise NotebookError(f"{src}: no such notebook (reproduce runs the notebooks of a seamkit source checkout)")
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        pm.execute_notebook(str(src), str(dst), parameters=parameters, cwd=str(cwd) if cwd else None,
+                            progress_bar=False, log_output=echo, stdout_file=sys.stdout if echo else None,
+                            stderr_file=sys.stderr if echo else None, store_widget_state=False)
+    except PapermillExecutionError as e:
+        cell = _source_cell(src, e.source, e.cell_index)
+        head = _first_line(e.source)
+        head = head if len(head) <= 40 else head[:37] + "..."
+        raise NotebookError(f"{src} cell {cell} ({head}) failed: {e.ename}: {_first_line(e.evalue)} "
+                            f"(executed notebook: {dst})") from None
+    return dst
+
+
+def write_figures(figures: dict, out_dir, prefix: str = "") -> list[Path]:
+    """Each figure as out_dir/<prefix><name>.html, loading plotly.min.js from beside it (offline)."""
+    from plotly.offline import get_plotlyjs
+    out_dir = Path(out_dir)
+    atomic_write_text(out_dir / "plotly.min.js", get_plotlyjs())  # the version these figures were made with
+    paths = []
+    for name, fig in figures.items():
+        path = out_dir / f"{prefix}{name}.html"
+        atomic_write_text(path, fig.to_html(include_plotlyjs="directory", full_html=True))
+        paths.append(path)
+    return paths
+
+
+def reproduce(preset: str = "cpu", out_dir=Path("reports"), overrides: dict | None = None,
+              notebooks=NOTEBOOKS, echo: bool = True) -> Summary:
+    """Run both notebooks headless into `out_dir`; returns what was written (prints as a summary).
+
+    `overrides` (config keys, as `config.override` takes them) go to both notebooks.
+    """
+    overrides = dict(overrides or {})
+    cfg = override(make_preset(preset), overrides)  # a bad key or value fails here, before any kernel starts
+    from .check import summary_table as pruning_table
+    from .plots import pruning_figures, seams_figures
+    from .train import checkpoint_path, summary_table as seams_table
+    out_dir, notebooks, cwd = Path(out_dir).resolve(), Path(notebooks), Path.cwd()
+    common = {"preset": preset, "out_dir": str(out_dir), "overrides": overrides, "interactive": False}
+    t0 = time.perf_counter()
+    seconds = {}
+
+    def say(msg: str) -> None:
+        if echo:
+            print(msg, flush=True)
+
+    say(f"reproduce: preset {preset}, {cfg.train.budget_seconds:g} s per arm, "
+        f"{cfg.prune.windows} windows x {cfg.prune.samples} samples; writing {out_dir}")
+    say(f"[1/2] {notebooks / SEAMS_NB}")
+    t = time.perf_counter()
+    seams_nb = run_notebook(notebooks / SEAMS_NB, out_dir / SEAMS_NB, common, cwd=cwd, echo=echo)
+    seconds["seams"] = time.perf_counter() - t
+    seams_path = out_dir / "seams.json"
+    seams = load_report(seams_path, "seams")
+    if seams.get("status", "complete") != "complete":
+        raise SeamkitError(f"{seams_path}: the seams study ended {seams['status']}; not running the pruning study")
+    figures = write_figures(seams_figures(seams), out_dir / "figures", "seams_")
+
+    ckpt = checkpoint_path(seams_path, "e2e")
+    say(f"[2/2] {notebooks / PRUNING_NB} on {ckpt}")
+    t = time.perf_counter()
+    pruning_nb = run_notebook(notebooks / PRUNING_NB, out_dir / PRUNING_NB, {**common, "checkpoint": str(ckpt)},
+                              cwd=cwd, echo=echo)
+    seconds["pruning"] = time.perf_counter() - t
+    pruning_path = out_dir / "pruning.json"
+    pruning = load_report(pruning_path, "pruning")
+    figures += write_figures(pruning_figures(pruning), out_dir / "figures", "pruning_")
+    seconds["total"] = time.perf_counter() - t0
+
+    text = "\n".join([
+        f"seamkit reproduce (preset {preset}) finished in {seconds['total']:.0f} s "
+        f"(seams {seconds['seams']:.0f} s, pruning {seconds['pruning']:.0f} s)",
+        "", f"seams study: {seams_path}", seams_table(seams),
+        "", f"pruning study: {pruning_path}", pruning_table(pruning),
+        "", f"notebooks: {seams_nb}, {pruning_nb}",
+        f"figures: {out_dir / 'figures'}/ ({len(figures)} HTML files, open offline)",
+    ])
+    return Summary(preset=preset, out_dir=str(out_dir), seams_report=str(seams_path),
+                   pruning_report=str(pruning_path), checkpoint=str(ckpt),
+                   notebooks=[str(seams_nb), str(pruning_nb)], figures=[str(p) for p in figures],
+                   seconds={k: round(v, 1) for k, v in seconds.items()},
+                   status={"seams": seams.get("status", "complete"), "pruning": pruning.get("status", "complete")},
+                   text=text)
