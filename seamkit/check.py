@@ -27,7 +27,6 @@ import dataclasses
 import gc
 import math
 import os
-import re
 import statistics
 import sys
 import time
@@ -43,7 +42,7 @@ from . import prune
 from .config import RunConfig, SeamkitError, tokenizer_vocab
 from .model import GPT, resolve_device
 from .report import provenance, write_report
-from .train import make_optimizer
+from .train import make_optimizer, peak_rss_bytes, reset_peak_memory
 
 MODES = ("base", "prune_exact")
 TOLERANCE = {"float32": 0.0, "float64": 1e-12}  # float32: bitwise is the claim; float64: the issue's bound
@@ -282,21 +281,6 @@ def query_side_step(stepper: Stepper, window, rows: torch.Tensor, delta: float) 
 
 # ----------------------------------------------------------------------------- timing and memory
 
-def _vm_hwm() -> int | None:
-    try:
-        return int(re.search(r"VmHWM:\s+(\d+)", Path("/proc/self/status").read_text()).group(1)) * 1024
-    except (OSError, AttributeError):
-        return None
-
-
-def _reset_hwm() -> bool:
-    try:
-        Path("/proc/self/clear_refs").write_text("5")
-        return True
-    except OSError:
-        return False
-
-
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -355,11 +339,8 @@ def timed_sample(stepper: Stepper, loss_fn, words: int, device: torch.device) ->
     """One timed step from the checkpoint: seconds, words/s and the step's peak memory."""
     stepper.reset()
     gc.collect()
-    if device.type == "cuda":
-        _sync(device)
-        torch.cuda.reset_peak_memory_stats(device)
-    hwm_ok = _reset_hwm()
     _sync(device)
+    hwm_ok = reset_peak_memory(device)  # CUDA's allocator peaks, and the process's VmHWM
     t0 = time.perf_counter()
     stepper.run(loss_fn)
     _sync(device)
@@ -369,8 +350,7 @@ def timed_sample(stepper: Stepper, loss_fn, words: int, device: torch.device) ->
         out["allocated_GiB"] = torch.cuda.max_memory_allocated(device) / GiB
         out["reserved_GiB"] = torch.cuda.max_memory_reserved(device) / GiB
     else:
-        hwm = _vm_hwm() if hwm_ok else None
-        out["reserved_GiB"] = (hwm or 0) / GiB
+        out["reserved_GiB"] = (peak_rss_bytes() if hwm_ok else 0) / GiB
     return out
 
 

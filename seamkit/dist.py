@@ -85,7 +85,7 @@ from .data import RowLoader, eval_batches, load_corpus
 from .model import GPT, autocast, lm_loss, param_dtype, resolve_device
 from .report import write_report
 from .seams import class_map, make_aux_heads, parse_seams, segments, traffic_bytes, traffic_ratios
-from .train import (ARMS, Clock, CurveMarks, ProgressBars, _peak_rss_bytes, _reset_peak_memory, build_report,
+from .train import (ARMS, Clock, CurveMarks, ProgressBars, peak_rss_bytes, reset_peak_memory, build_report,
                     fanout, lr_at, make_optimizer, token_counts)
 
 TAGS = {"control": 1, "activation": 2, "gradient": 3, "eval": 4}
@@ -431,7 +431,7 @@ class StageRun:
             self.emit({"kind": "start", "budget_seconds": tc.budget_seconds, "max_steps": tc.max_steps,
                        "tokens_per_step": per_step, "segments": self.plan.segs,
                        "objective": self.cfg.seams.objective if self.arm == "local" else None})
-        _reset_peak_memory(self.device)
+        reset_peak_memory(self.device)
         dist.barrier()
         clock = Clock(sync)
         next_progress, failed, last = 0.0, False, None
@@ -470,7 +470,7 @@ class StageRun:
             if last is not None and (not run["points"] or run["points"][-1] is not last):
                 self._point(run, last)
             self._progress(run, budget)
-        run["peak_rss_bytes"] = _peak_rss_bytes()
+        run["peak_rss_bytes"] = peak_rss_bytes()
         run["peak_vram_bytes"] = torch.cuda.max_memory_allocated(self.device) if self.device.type == "cuda" else None
         run["final_loss"] = self.evaluate() if run["status"] == "complete" else None
         return run

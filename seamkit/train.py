@@ -295,14 +295,18 @@ def _proc_status_bytes(key: str) -> int | None:
     return int(m.group(1)) * 1024 if m else None
 
 
-def _reset_peak_memory(device: torch.device) -> None:
+def reset_peak_memory(device: torch.device) -> bool:
+    """Restart CUDA's allocator peaks and the process's VmHWM; False where VmHWM cannot be reset."""
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    with contextlib.suppress(OSError):
+    try:
         Path("/proc/self/clear_refs").write_text("5")  # Linux: VmHWM restarts from the current RSS
+        return True
+    except OSError:
+        return False
 
 
-def _peak_rss_bytes() -> int:
+def peak_rss_bytes() -> int:
     """VmHWM (peak resident set since the last reset), else the process's lifetime peak."""
     hwm = _proc_status_bytes("VmHWM")
     if hwm is not None:
@@ -351,7 +355,7 @@ def run_arm(arm: str, cfg: RunConfig, corpus=None, callback: Callable[[dict], No
         return checkpoint.ref(checkpoint_path, ckpt_id)
 
     sync = (lambda: torch.cuda.synchronize(a.device)) if a.device.type == "cuda" else (lambda: None)
-    _reset_peak_memory(a.device)
+    reset_peak_memory(a.device)
     rss_start = _proc_status_bytes("VmRSS")
     clock = Clock(sync)
 
@@ -361,7 +365,7 @@ def run_arm(arm: str, cfg: RunConfig, corpus=None, callback: Callable[[dict], No
 
     run = budget_loop(a, loader, tc, clock, emit, stop=stop, save=save)
     peak_vram = torch.cuda.max_memory_allocated(a.device) if a.device.type == "cuda" else None
-    peak_rss = _peak_rss_bytes() if own_process else None
+    peak_rss = peak_rss_bytes() if own_process else None
     final_loss = None
     if run["status"] == "complete":
         try:
