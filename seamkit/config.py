@@ -17,6 +17,8 @@ TOKENIZERS = ("qwen", "bytes")
 OBJECTIVES = ("aux_head", "detached_head", "shared_head")
 DTYPES = ("float32", "float64", "bfloat16")
 PRUNE_MODES = ("base", "prune_exact")
+SCHEDULES = ("budget", "steps")
+ORDERS = ("interleaved", "sequential")
 
 
 class SeamkitError(Exception):
@@ -89,6 +91,9 @@ class TrainConfig:
     eval_batches: int = 8  # held-out batches for the final loss
     curve_points: int = 41  # training-loss points spread over the budget, the first at step 0
     checkpoint_every_s: float = 0.0  # also checkpoint during training every this many seconds; 0: only at the end
+    schedule: str = "budget"  # "budget": warm-up and cosine follow the share of the budget spent; "steps": by step
+    warmup_frac: float = 0.02  # budget schedule: warm-up share of the run (from the floor to the peak)
+    eval_tokens: int = 0  # held-out tokens for each evaluation (whole batches; the val split if smaller); 0: eval_batches
 
     def __post_init__(self):
         if self.budget_seconds <= 0 and self.max_steps <= 0:
@@ -104,6 +109,12 @@ class TrainConfig:
             raise ConfigError(f"train.dtype must be one of {DTYPES}, got {self.dtype!r}")
         if self.warmup_steps < 0 or self.decay_steps < 0:
             raise ConfigError("train.warmup_steps and train.decay_steps must be >= 0")
+        if self.schedule not in SCHEDULES:
+            raise ConfigError(f"train.schedule must be one of {SCHEDULES}, got {self.schedule!r}")
+        if not 0.0 <= self.warmup_frac < 1.0:
+            raise ConfigError(f"train.warmup_frac must be in [0, 1), got {self.warmup_frac}")
+        if self.eval_tokens < 0:
+            raise ConfigError(f"train.eval_tokens must be >= 0, got {self.eval_tokens}")
 
 
 @dataclass
@@ -113,10 +124,17 @@ class SeamsConfig:
     aux_classes: int = 8192  # aux_head: K most frequent training tokens (+1 "other"), capped at vocab
     stages: int = 0  # >0: run as real pipeline stages on torch.distributed (issue: seamkit.dist)
     micro_batches: int = 0  # e2e pipeline micro-batches; 0: one per stage
+    order: str = "interleaved"  # "interleaved": the arms take turns in slices; "sequential": e2e, then local
+    slice_seconds: float = 2.0  # interleaved: training seconds an arm runs before the other takes its turn
+    repeats: int = 1  # seeds train.seed, train.seed+1, ...; both arms share each seed (paired)
+    token_marks: int = 3  # held-out loss of both arms at this many equal token counts
 
     def __post_init__(self):
         if self.objective not in OBJECTIVES:
             raise ConfigError(f"seams.objective must be one of {OBJECTIVES}, got {self.objective!r}")
+        if self.order not in ORDERS:
+            raise ConfigError(f"seams.order must be one of {ORDERS}, got {self.order!r}")
+        _positive("seams", slice_seconds=self.slice_seconds, repeats=self.repeats, token_marks=self.token_marks)
         _positive("seams", aux_classes=self.aux_classes)
         if self.stages < 0 or self.micro_batches < 0:
             raise ConfigError("seams.stages and seams.micro_batches must be >= 0")
@@ -195,7 +213,7 @@ def cpu() -> RunConfig:
     c.model = ModelConfig(vocab=tokenizer_vocab("bytes"), dim=128, n_blocks=8, n_heads=4, seq=128, mlp_mult=4)
     c.data = dataclasses.replace(c.data, tokenizer="bytes", window_positions=1024)
     c.train = dataclasses.replace(c.train, budget_seconds=120.0, lr=1e-3, warmup_steps=20, decay_steps=2000,
-                                  eval_batches=8)
+                                  eval_batches=8, eval_tokens=65536)
     c.seams = dataclasses.replace(c.seams, aux_classes=256)
     c.prune = dataclasses.replace(c.prune, windows=4, samples=3)
     return c
@@ -208,7 +226,7 @@ def tiny() -> RunConfig:
     c.model = dataclasses.replace(c.model, dim=32, n_blocks=4, n_heads=2, seq=32)
     c.data = dataclasses.replace(c.data, batch=4, window_positions=256)
     c.train = dataclasses.replace(c.train, budget_seconds=3.0, max_steps=0, warmup_steps=2, decay_steps=50,
-                                  eval_batches=2, curve_points=5)
+                                  eval_batches=2, eval_tokens=0, curve_points=5)
     c.seams = dataclasses.replace(c.seams, aux_classes=32)
     c.prune = dataclasses.replace(c.prune, windows=2, samples=2, warmup=1)
     return c

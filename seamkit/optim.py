@@ -1,0 +1,68 @@
+"""What both studies share about optimization: AdamW's parameter groups and the LR schedule.
+
+Two schedules (`train.schedule`), both linear warm-up then cosine decay to `min_lr_frac * lr`:
+
+- "steps": warm-up over `warmup_steps`, cosine over the next `decay_steps` (the same steps for
+  every arm, so an arm that steps faster is further down its schedule when its budget ends).
+- "budget" (default): the schedule follows *progress* p in [0, 1], the share of the wall-clock
+  budget spent, or of `max_steps` when that binds first (`schedule_progress`). The LR warms up
+  from the floor to the peak over p in [0, warmup_frac], then follows the cosine to the floor,
+  reached at p = 1: each arm anneals exactly when its own budget ends, whatever its step rate
+  (budgeted training: Li, Yumer and Ramanan, "Budgeted Training", ICLR 2020).
+
+A loop calls `scheduled_lr(step, elapsed_s, tc)` with its training clock at the start of the
+step; `lr_at(step, tc)` and `lr_at_progress(p, tc)` are the two schedules themselves.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+
+from .config import TrainConfig
+
+
+def make_optimizer(module: nn.Module, tc: TrainConfig) -> torch.optim.AdamW:
+    """AdamW with decay on matrices (dim >= 2) and none on norms and biases (nanoGPT's rule)."""
+    decay = [p for p in module.parameters() if p.dim() >= 2]
+    no_decay = [p for p in module.parameters() if p.dim() < 2]
+    return torch.optim.AdamW([{"params": decay, "weight_decay": tc.weight_decay},
+                              {"params": no_decay, "weight_decay": 0.0}],
+                             lr=tc.lr, betas=(tc.beta1, tc.beta2))
+
+
+def _cosine(t: float, tc: TrainConfig) -> float:
+    """lr at t in [0, 1] of the cosine: the peak at 0, the floor at 1."""
+    return tc.lr * (tc.min_lr_frac + (1 - tc.min_lr_frac) * 0.5 * (1 + math.cos(math.pi * t)))
+
+
+def lr_at(step: int, tc: TrainConfig) -> float:
+    """The step schedule: linear warm-up to lr over warmup_steps, then cosine over decay_steps."""
+    if step < tc.warmup_steps:
+        return tc.lr * (step + 1) / tc.warmup_steps
+    return _cosine(min(1.0, (step - tc.warmup_steps) / max(1, tc.decay_steps)), tc)
+
+
+def lr_at_progress(progress: float, tc: TrainConfig) -> float:
+    """The budget schedule at progress p in [0, 1]: floor -> peak over [0, warmup_frac], cosine to the floor at 1."""
+    p = min(1.0, max(0.0, progress))
+    w = tc.warmup_frac
+    if p < w:
+        return tc.lr * (tc.min_lr_frac + (1 - tc.min_lr_frac) * p / w)
+    return _cosine((p - w) / (1 - w), tc)
+
+
+def schedule_progress(step: int, elapsed_s: float, tc: TrainConfig) -> float:
+    """Share of the run spent at the start of `step`: of the budget, or of max_steps if further along."""
+    by_time = elapsed_s / tc.budget_seconds if tc.budget_seconds > 0 else 0.0
+    by_steps = step / tc.max_steps if tc.max_steps > 0 else 0.0
+    return min(1.0, max(by_time, by_steps))
+
+
+def scheduled_lr(step: int, elapsed_s: float, tc: TrainConfig) -> float:
+    """The LR of `step`, which starts `elapsed_s` training seconds into the run, under `tc.schedule`."""
+    if tc.schedule == "steps":
+        return lr_at(step, tc)
+    return lr_at_progress(schedule_progress(step, elapsed_s, tc), tc)

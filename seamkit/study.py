@@ -1,0 +1,461 @@
+"""The seams study: e2e against local under one wall-clock budget, repeated over seeds, one report.
+
+What it runs (`seams_study`): for each of `seams.repeats` seeds (train.seed, +1, ...; both arms
+share each seed: same init, same batches) both arms train under `train.budget_seconds`, each in
+its own process, taking turns in slices (`arms.run_arms`; `seams.order`), so a busy neighbour
+slows both alike. Then, off every clock, in this process:
+
+- equal tokens: both arms' held-out loss at `seams.token_marks` common token counts, the last
+  the largest step both arms kept a snapshot of at or below what the slower arm reached
+  (`arms.Snapshots` keeps a doubling grid of steps, so the last mark is within a grid step of it);
+- time to target: the training seconds each arm needs to reach the held-out loss both arms
+  reach (the worse of the two final losses), linearly interpolated between held-out points
+  (the equal-token marks and the final evaluation);
+- costs (`costs.py`): parameters and FLOPs per token counted on one real step per arm, and MFU
+  against a matmul peak measured here.
+
+The report (`build_report`) keeps the reference's keys at the top level, holding the means over
+seeds (`arms.<arm>.final_loss` is the mean final held-out loss, `loss_curve` the mean curve);
+`repeats[]` keeps every seed's arms; `aggregate` has mean, standard deviation and a 95% interval
+(Student t) for each arm's final loss, tokens/s and memory, and for the paired local-e2e loss gap
+and the local/e2e speed ratio. Memory is reported as the peak and as the growth over each arm's
+own baseline (the RSS its training started from: torch and the corpus are shared, not the arm's).
+The default objective, `aux_head`, is a greedy per-segment next-token head (DGL-style: Belilovsky
+et al., 2020), not InfoPro. Ctrl-C stops the running arms between steps; the report is then
+written with status "interrupted" (it is written atomically, whole or not at all).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import tempfile
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from . import arms as A
+from .config import ConfigError, RunConfig, override
+from .costs import arm_costs, matmul_peak
+from .data import load_corpus
+from .model import GPT, autocast, param_dtype, resolve_device
+from .report import gpu_name, provenance, write_report
+from .seams import objective_bytes, objective_ratios, parse_seams, segments, traffic_bytes, traffic_ratios
+from .train import ARMS, ProgressBars, checkpoint_path, evaluate_model, fanout, held_out, run_arm
+
+OBJECTIVE_NAMES = {"aux_head": "greedy per-segment next-token head over the K most frequent tokens (DGL-style)",
+                   "detached_head": "the model's own final norm and LM head, weights detached",
+                   "shared_head": "the model's own final norm and LM head, shared by every segment"}
+# two-sided 95% Student t quantiles by degrees of freedom (1..30); beyond, the normal's 1.96
+T95 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
+       2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042]
+
+
+# ----------------------------------------------------------------------------- statistics
+
+def stats(values: list) -> dict | None:
+    """mean, std (n-1), 95% interval of the mean (Student t), n and the values; None if none."""
+    xs = [float(v) for v in values if v is not None and math.isfinite(v)]
+    if not xs:
+        return None
+    n, mean = len(xs), statistics.fmean(xs)
+    std = statistics.stdev(xs) if n > 1 else None
+    half = (T95[n - 2] if n - 1 <= len(T95) else 1.96) * std / math.sqrt(n) if std is not None else None
+    return {"mean": mean, "std": std, "ci95": [mean - half, mean + half] if half is not None else None,
+            "n": n, "values": xs}
+
+
+def _mem(r: dict) -> tuple[int | None, int | None]:
+    """(peak, growth over the arm's baseline): CUDA's allocator on a GPU, the process's RSS on CPU."""
+    if r.get("peak_vram_bytes") is not None:
+        return r["peak_vram_bytes"], r.get("vram_growth_bytes")
+    return r.get("peak_rss_bytes"), r.get("rss_growth_bytes")
+
+
+def _slices(r: dict) -> dict | None:
+    tps = [s["tokens_per_s"] for s in r.get("slices", [])]
+    if not tps:
+        return None
+    q = statistics.quantiles(tps, n=4) if len(tps) > 1 else [tps[0]] * 3
+    return {"n": len(tps), "median_tokens_per_s": statistics.median(tps), "p25": q[0], "p75": q[2],
+            "min": min(tps), "max": max(tps), "spread": (max(tps) - min(tps)) / statistics.median(tps)}
+
+
+# ----------------------------------------------------------------------------- equal tokens, time to target
+
+def equal_token_marks(snapshots: dict, steps: dict, marks: int) -> list[int]:
+    """Common snapshot steps at most the slower arm's steps: `marks` of them spread up to the largest."""
+    common = sorted(set.intersection(*({s["step"] for s in snapshots[a]} for a in ARMS)))
+    common = [s for s in common if s <= min(steps.values())]
+    if not common:
+        return []
+    last = common[-1]
+    picked = {min(common, key=lambda s: abs(s - last * j / marks)) for j in range(1, marks + 1)}
+    return sorted(picked)
+
+
+def time_to_target(points: dict, target: float) -> dict:
+    """{arm: seconds} at which each arm's held-out points [(elapsed_s, loss)] first reach `target`,
+    interpolated linearly from the point before; None where an arm never reaches it."""
+    out = {}
+    for arm, pts in points.items():
+        out[arm] = None
+        prev = None
+        for t, loss in sorted(pts):
+            if loss <= target:
+                out[arm] = t if prev is None or prev[1] <= loss else \
+                    prev[0] + (t - prev[0]) * (prev[1] - target) / (prev[1] - loss)
+                break
+            prev = (t, loss)
+    return out
+
+
+def held_out_views(cfg: RunConfig, corpus, results: dict) -> dict:
+    """The equal-token table and time to target of one seed, from the arms' snapshots."""
+    if not all(results.get(a, {}).get("status") == "complete" for a in ARMS):
+        return {"equal_tokens": [], "time_to_target": None}
+    device = resolve_device(cfg.train.device)
+    batches = held_out(corpus, cfg, device=device)
+    per_step = cfg.data.batch * cfg.model.seq
+    snaps = {a: {s["step"]: s for s in results[a].get("snapshots", [])} for a in ARMS}
+    marks = equal_token_marks({a: list(snaps[a].values()) for a in ARMS},
+                              {a: results[a]["steps"] for a in ARMS}, cfg.seams.token_marks)
+    model = GPT(cfg.model).to(device=device, dtype=param_dtype(cfg.train.dtype))
+    rows, points = [], {a: [(results[a]["elapsed_s"], results[a]["final_loss"])] for a in ARMS}
+    for step in marks:
+        row = {"step": step, "tokens": step * per_step}
+        for a in ARMS:
+            s = snaps[a][step]
+            model.load_state_dict(torch.load(s["path"], map_location=device, weights_only=True))
+            loss, err = evaluate_model(model, batches, lambda: autocast(device, cfg.train.dtype))
+            row[a] = {"loss": loss, "stderr": err, "elapsed_s": s["elapsed_s"]}
+            points[a].append((s["elapsed_s"], loss))
+        row["gap_local_minus_e2e"] = row["local"]["loss"] - row["e2e"]["loss"]
+        rows.append(row)
+    target = max(results[a]["final_loss"] for a in ARMS)
+    reach = time_to_target(points, target)
+    return {"equal_tokens": rows, "slower_arm_tokens": min(results[a]["steps"] for a in ARMS) * per_step,
+            "time_to_target": {"target_loss": target, "seconds": reach,
+                               "local_over_e2e": reach["local"] / reach["e2e"]
+                               if reach["e2e"] and reach["local"] is not None else None,
+                               "points": {a: sorted(p) for a, p in points.items()}}}
+
+
+# ----------------------------------------------------------------------------- the report
+
+def _round(v, n):
+    return None if v is None else round(v, n)
+
+
+def _report_arm(arm: str, r: dict | None, costs: dict | None = None, peak: float | None = None) -> dict:
+    """The reference's arm block (rounded like it), then our extra keys."""
+    if r is None:  # never started (interrupted before it did)
+        return {"arm": arm, "steps": 0, "tokens": 0, "elapsed_s": 0.0, "tokens_per_s": 0.0, "final_loss": None,
+                "final_ppl": None, "peak_vram_bytes": None, "loss_curve": [], "status": "not_run"}
+    out = {
+        "arm": arm, "steps": r["steps"], "tokens": r["tokens"], "elapsed_s": round(r["elapsed_s"], 3),
+        "tokens_per_s": round(r["tokens_per_s"], 1), "final_loss": _round(r["final_loss"], 4),
+        "final_ppl": _round(r["final_ppl"], 2), "peak_vram_bytes": r["peak_vram_bytes"],
+        "loss_curve": [round(v, 4) for v in r["loss_curve"]],
+        "status": r["status"], "failed_step": r.get("failed_step"), "final_loss_stderr": _round(r.get("final_loss_stderr"), 5),
+        "eval_tokens": r.get("eval_tokens"), "lr_final": r.get("lr_final"),
+        "peak_rss_bytes": r.get("peak_rss_bytes"), "rss_start_bytes": r.get("rss_start_bytes"),
+        "rss_growth_bytes": r.get("rss_growth_bytes"), "vram_growth_bytes": r.get("vram_growth_bytes"),
+        "max_step_s": _round(r.get("max_step_s"), 4), "loss_curve_steps": r.get("loss_curve_steps", []),
+        "loss_curve_elapsed_s": [round(v, 3) for v in r.get("loss_curve_elapsed_s", [])],
+        "loss_curve_tokens": r.get("loss_curve_tokens", []),
+        "loss_curve_lr": r.get("loss_curve_lr", []),
+        "loss_curve_segments": [[round(v, 4) for v in seg] for seg in r.get("loss_curve_segments", [])],
+        "objective": r.get("objective"), "segments": r.get("segments"), "checkpoint": r.get("checkpoint"),
+    }
+    if "loss_curve_std" in r:
+        out["loss_curve_std"] = [round(v, 4) for v in r["loss_curve_std"]]
+    if r.get("slices") is not None:
+        out["slices"] = r["slices"] if isinstance(r["slices"], dict) else _slices(r)
+    if costs:
+        out["costs"] = dict(costs)
+        if peak:
+            out["costs"]["mfu"] = costs["flops_per_token"] * r["tokens_per_s"] / peak
+    return out
+
+
+def _ratio(a, b):
+    return round(a / b, 4) if a and b else None  # None when an arm did not run or measure
+
+
+def build_report(cfg: RunConfig, results: dict, interrupted: bool = False, isolated: bool = True,
+                 costs: dict | None = None, peak: dict | None = None) -> dict:
+    """One seed's seams report (or, from `study_report`, the means): the reference's keys first, then ours."""
+    seams = parse_seams(cfg.seams.seams, cfg.model.n_blocks)
+    b = traffic_bytes(cfg.model, cfg.data.batch, len(seams))
+    extra = objective_bytes(cfg.model, len(seams), cfg.seams.objective)
+    device = resolve_device(cfg.train.device)
+    flops = peak["flops_per_s"] if peak else None
+    arms = {arm: _report_arm(arm, results.get(arm), (costs or {}).get(arm), flops) for arm in ARMS}
+    statuses = [a["status"] for a in arms.values()]
+    status = "interrupted" if interrupted or "interrupted" in statuses or "not_run" in statuses else \
+        "failed" if "failed" in statuses else "complete"
+    e2e, local = arms["e2e"], arms["local"]
+
+    def mem(a, growth=False):  # an arm that never stepped measured nothing worth comparing
+        if not a["steps"]:
+            return None
+        return _mem(a)[1 if growth else 0]
+    m = cfg.model
+    return {
+        "config": {"vocab": m.vocab, "dim": m.dim, "n_blocks": m.n_blocks, "n_heads": m.n_heads, "seq": m.seq,
+                   "mlp_mult": m.mlp_mult},
+        "batch": cfg.data.batch,
+        "budget_seconds": float(cfg.train.budget_seconds),
+        "device": device.type,
+        "gpu": gpu_name(device),
+        "bytes": b,
+        "arms": arms,
+        "traffic_ratio_e2e_over_local": traffic_ratios(b)["traffic_ratio_e2e_over_local"],
+        "traffic_ratio_no_allreduce": traffic_ratios(b)["traffic_ratio_no_allreduce"],
+        "status": status,
+        "preset": cfg.preset,
+        "seed": cfg.train.seed,
+        "max_steps": cfg.train.max_steps,
+        "seams": seams,
+        "segments": segments(seams, m.n_blocks),
+        "objective": cfg.seams.objective,
+        "objective_method": OBJECTIVE_NAMES[cfg.seams.objective],
+        "objective_bytes": {**extra, **objective_ratios(b, extra)},
+        "schedule": cfg.train.schedule,
+        "order": cfg.seams.order if isolated else "sequential, in one process",
+        "local_over_e2e": {"tokens_per_s": _ratio(local["tokens_per_s"], e2e["tokens_per_s"]),
+                           "peak_memory": _ratio(mem(local), mem(e2e)),
+                           "memory_growth": _ratio(mem(local, True), mem(e2e, True)),
+                           "memory_kind": "vram" if e2e["peak_vram_bytes"] is not None else "rss"},
+        "matmul_peak": peak,
+        "arm_isolation": "process" if isolated else "none",
+        "checkpoints": {arm: a.get("checkpoint") for arm, a in arms.items()},
+        **provenance(cfg),
+    }
+
+
+def _mean_result(arm: str, rs: list[dict]) -> dict | None:
+    """One arm's result averaged over seeds (what the reference keys hold)."""
+    done = [r for r in rs if r is not None and r["status"] == "complete"] or [r for r in rs if r is not None]
+    if not done:
+        return None
+    mean = statistics.fmean
+    first = done[0]
+    out = dict(first)
+    for key in ("elapsed_s", "tokens_per_s", "max_step_s"):
+        out[key] = mean(r[key] for r in done)
+    out["steps"] = round(mean(r["steps"] for r in done))
+    out["tokens"] = round(mean(r["tokens"] for r in done))
+    finals = [r["final_loss"] for r in done if r["final_loss"] is not None]
+    out["final_loss"] = mean(finals) if finals else None
+    out["final_ppl"] = math.exp(out["final_loss"]) if finals else None
+    for key in ("peak_vram_bytes", "peak_rss_bytes", "rss_start_bytes", "rss_growth_bytes", "vram_growth_bytes"):
+        vals = [r.get(key) for r in done if r.get(key) is not None]
+        out[key] = round(mean(vals)) if vals else None
+    errs = [r.get("final_loss_stderr") for r in done if r.get("final_loss_stderr") is not None]
+    out["final_loss_stderr"] = mean(errs) if errs else None
+    out["lr_final"] = mean(r["lr_final"] for r in done) if all(r.get("lr_final") for r in done) else first.get("lr_final")
+    n = min(len(r["loss_curve"]) for r in done)
+    if n and len(done) > 1:
+        for key in ("loss_curve", "loss_curve_elapsed_s", "loss_curve_lr"):
+            out[key] = [mean(r[key][j] for r in done) for j in range(n)]
+        out["loss_curve_tokens"] = [round(mean(r["loss_curve_tokens"][j] for r in done)) for j in range(n)]
+        out["loss_curve_steps"] = [round(mean(r["loss_curve_steps"][j] for r in done)) for j in range(n)]
+        out["loss_curve_segments"] = [[mean(v) for v in zip(*(r["loss_curve_segments"][j] for r in done))]
+                                      for j in range(n)]
+        out["loss_curve_std"] = [statistics.stdev(r["loss_curve"][j] for r in done) for j in range(n)]
+    tps = [s["tokens_per_s"] for r in done for s in r.get("slices", [])]
+    out["slices"] = _slices({"slices": [{"tokens_per_s": v} for v in tps]}) if tps else None
+    out["status"] = "complete" if all(r["status"] == "complete" for r in rs if r is not None) else \
+        next(r["status"] for r in rs if r is not None and r["status"] != "complete")
+    return out
+
+
+def study_report(cfg: RunConfig, runs: list[dict], interrupted: bool, isolated: bool, costs: dict,
+                 peak: dict | None) -> dict:
+    """The whole study: means at the reference keys, every seed in `repeats`, the `aggregate`."""
+    means = {arm: _mean_result(arm, [r["results"].get(arm) for r in runs]) for arm in ARMS}
+    report = build_report(cfg, {a: r for a, r in means.items() if r is not None}, interrupted, isolated, costs, peak)
+    repeats = []
+    for r in runs:
+        one = {a: _report_arm(a, r["results"].get(a), costs.get(a), peak["flops_per_s"] if peak else None)
+               for a in ARMS}
+        for a in ARMS:
+            one[a].pop("loss_curve_segments", None)
+        repeats.append({"seed": r["seed"], "arms": one, **r["views"]})
+    done = [r for r in runs if all(r["results"].get(a, {}).get("status") == "complete" for a in ARMS)]
+
+    def per(arm, fn):
+        return stats([fn(r["results"][arm]) for r in done])
+    agg = {arm: {"final_loss": per(arm, lambda x: x["final_loss"]),
+                 "tokens_per_s": per(arm, lambda x: x["tokens_per_s"]),
+                 "peak_memory_bytes": per(arm, lambda x: _mem(x)[0]),
+                 "memory_growth_bytes": per(arm, lambda x: _mem(x)[1]),
+                 "lr_final": per(arm, lambda x: x.get("lr_final"))} for arm in ARMS}
+    e, lo = (lambda r: r["results"]["e2e"]), (lambda r: r["results"]["local"])
+
+    def ratio(x, y):
+        return x / y if x and y else None
+    last_gap = [r["views"]["equal_tokens"][-1]["gap_local_minus_e2e"] if r["views"].get("equal_tokens") else None
+                for r in done]
+    ttt = [(r["views"].get("time_to_target") or {}).get("local_over_e2e") for r in done]
+    agg["paired"] = {
+        "loss_gap_local_minus_e2e": stats([lo(r)["final_loss"] - e(r)["final_loss"] for r in done]),
+        "tokens_per_s_local_over_e2e": stats([ratio(lo(r)["tokens_per_s"], e(r)["tokens_per_s"]) for r in done]),
+        "memory_growth_local_over_e2e": stats([ratio(_mem(lo(r))[1], _mem(e(r))[1]) for r in done]),
+        "peak_memory_local_over_e2e": stats([ratio(_mem(lo(r))[0], _mem(e(r))[0]) for r in done]),
+        "equal_tokens_gap_local_minus_e2e": stats(last_gap),
+        "time_to_target_local_over_e2e": stats(ttt),
+    }
+    agg["repeats_complete"] = len(done)
+    report.update({"repeats_requested": cfg.seams.repeats, "seeds": [r["seed"] for r in runs], "repeats": repeats,
+                   "aggregate": agg})
+    return report
+
+
+# ----------------------------------------------------------------------------- the study
+
+def seams_study(cfg: RunConfig, out_path, callback: Callable[[dict], None] | None = None, progress: bool = True,
+                isolate: bool = True) -> dict:
+    """Run the study (see the module docstring), write the report atomically, return it.
+
+    `isolate`: each arm in its own spawned process, taking turns (`seams.order`); False runs both
+    here, one after the other (tests, debugging). A script that calls this needs the usual
+    multiprocessing `if __name__ == "__main__":` guard (notebooks and the CLI do not).
+    """
+    if cfg.seams.stages > 0:
+        raise ConfigError("seams.stages > 0 asks for real pipeline stages (seamkit.dist); seams_study runs "
+                          "both arms on one device: set seams.stages=0")
+    out_path = Path(out_path)
+    parse_seams(cfg.seams.seams, cfg.model.n_blocks)  # a bad seam spec fails before any training
+    corpus = load_corpus(cfg.data)  # fills the cache once, and data errors surface here
+    if cfg.train.threads > 0:
+        torch.set_num_threads(cfg.train.threads)
+    costs = arm_costs(cfg, corpus)
+    peak = matmul_peak(resolve_device(cfg.train.device))
+    bars = ProgressBars() if progress else None
+    runs, interrupted = [], False
+    for k in range(cfg.seams.repeats):
+        seed = cfg.train.seed + k
+        c = override(cfg, {"train.seed": seed})
+
+        def cb(event, seed=seed):
+            event = {**event, "seed": seed, "repeat": k}
+            fanout(callback, bars)(event)
+        ckpts = {arm: checkpoint_path(out_path, arm, k) for arm in ARMS}
+        with tempfile.TemporaryDirectory(prefix="seamkit-snapshots-") as snap_dir:
+            results = {}
+            try:
+                if isolate:
+                    results, interrupted = A.run_arms(c, ckpts, cb, c.seams.order, snap_dir)
+                else:
+                    for arm in ARMS:
+                        snaps = A.Snapshots(Path(snap_dir) / arm, 8 * c.seams.token_marks)
+                        results[arm] = run_arm(arm, c, corpus, callback=cb, checkpoint_path=ckpts[arm],
+                                               after_step=snaps)
+                        results[arm]["snapshots"] = snaps.kept
+                        if results[arm]["status"] == "interrupted":
+                            break
+            except KeyboardInterrupt:
+                interrupted = True
+            interrupted = interrupted or any(r["status"] == "interrupted" for r in results.values())
+            views = {"equal_tokens": [], "time_to_target": None}
+            if not interrupted:
+                try:
+                    views = held_out_views(c, corpus, results)
+                except KeyboardInterrupt:
+                    interrupted = True
+        for r in results.values():
+            r.pop("snapshots", None)
+        runs.append({"seed": seed, "results": results, "views": views})
+        if interrupted:
+            break
+    report = study_report(cfg, runs, interrupted, isolate, costs, peak)
+    write_report(out_path, report, "seams")
+    return report
+
+
+# ----------------------------------------------------------------------------- the summary table
+
+def _human_bytes(n) -> str:
+    if n is None:
+        return "-"
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(n) < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+
+
+def _pm(s: dict | None, fmt: str) -> str:
+    """mean, then ± the 95% half-width when there is one."""
+    if not s:
+        return "-"
+    if s.get("ci95"):
+        return f"{s['mean']:{fmt}} ± {(s['ci95'][1] - s['ci95'][0]) / 2:{fmt}}"
+    return f"{s['mean']:{fmt}}"
+
+
+def summary_table(report: dict) -> str:
+    """A plain-text view of a seams report: per arm (means ± 95% half-widths over seeds), the
+    equal-token table, time to target, then traffic and the ratios."""
+    kind = "vram" if report["arms"]["e2e"]["peak_vram_bytes"] is not None else "rss"
+    agg = report.get("aggregate", {})
+    n = agg.get("repeats_complete")
+    rows = [("arm", "status", "steps", "tokens/s", "final loss", "ppl", "final lr", f"peak {kind}", "growth", "MFU")]
+    for arm, a in report["arms"].items():
+        ag = agg.get(arm, {})
+        peak, growth = _mem(a)
+        mfu = (a.get("costs") or {}).get("mfu")
+        rows.append((arm, a.get("status", "complete"), f"{a['steps']:,}",
+                     _pm(ag.get("tokens_per_s"), ",.0f") if ag.get("tokens_per_s") else f"{a['tokens_per_s']:,.1f}",
+                     _pm(ag.get("final_loss"), ".4f") if ag.get("final_loss") else
+                     ("-" if a["final_loss"] is None else f"{a['final_loss']:.4f}"),
+                     "-" if a["final_ppl"] is None else f"{a['final_ppl']:.2f}",
+                     "-" if a.get("lr_final") is None else f"{a['lr_final']:.2e}",
+                     _human_bytes(peak), _human_bytes(growth), "-" if mfu is None else f"{mfu:.1%}"))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))) for r in rows]
+    if n is not None:
+        lines.append(f"({n} seed{'s' if n != 1 else ''} {report.get('seeds')}; mean ± 95% half-width where n > 1; "
+                     f"order {report.get('order')}, schedule {report.get('schedule')})")
+    reps = report.get("repeats") or []
+    if reps and reps[0].get("equal_tokens"):
+        lines += ["", "held-out loss at equal tokens (seed " + str(reps[0]["seed"]) + "):",
+                  "  tokens        e2e       local     local-e2e"]
+        for row in reps[0]["equal_tokens"]:
+            lines.append(f"  {row['tokens']:>10,}  {row['e2e']['loss']:.4f}    {row['local']['loss']:.4f}    "
+                         f"{row['gap_local_minus_e2e']:+.4f}")
+        ttt = reps[0].get("time_to_target")
+        if ttt:
+            s = ttt["seconds"]
+            fmt = (lambda v: "-" if v is None else f"{v:.1f} s")
+            lines.append(f"time to held-out loss {ttt['target_loss']:.4f}: e2e {fmt(s['e2e'])}, local {fmt(s['local'])}")
+    p = agg.get("paired", {})
+    if p.get("loss_gap_local_minus_e2e"):
+        lines.append(f"paired over seeds: loss gap local-e2e {_pm(p['loss_gap_local_minus_e2e'], '+.4f')}, "
+                     f"tokens/s local/e2e {_pm(p.get('tokens_per_s_local_over_e2e'), '.3f')}, "
+                     f"memory growth local/e2e {_pm(p.get('memory_growth_local_over_e2e'), '.3f')}")
+    b, ob = report["bytes"], report.get("objective_bytes", {})
+    lines.append("")
+    lines.append(f"traffic per step ({b['seams']} seams): e2e {_human_bytes(b['e2e_per_step'])} + allreduce "
+                 f"{_human_bytes(b['e2e_allreduce_per_step'])}, local {_human_bytes(b['local_per_step'])}"
+                 + (f" + {report.get('objective')} head traffic {_human_bytes(ob['extra_per_step'])}"
+                    if ob.get("extra_per_step") else ""))
+    lines.append(f"traffic e2e/local: {report['traffic_ratio_e2e_over_local']} with allreduce, "
+                 f"{report.get('traffic_ratio_no_allreduce', '-')} without")
+    r = report.get("local_over_e2e", {})
+    if r:
+        tps = "-" if r.get("tokens_per_s") is None else f"{r['tokens_per_s']:.2f}x"
+        mem = "-" if r.get("peak_memory") is None else f"{r['peak_memory']:.2f}x"
+        gro = "-" if r.get("memory_growth") is None else f"{r['memory_growth']:.2f}x"
+        lines.append(f"local/e2e: tokens/s {tps}, peak {r.get('memory_kind', kind)} {mem}, growth {gro}")
+    costs = {a: report["arms"][a].get("costs") for a in report["arms"]}
+    if all(costs.values()):
+        lines.append("per token: " + ", ".join(
+            f"{a} {c['flops_per_token'] / 1e6:.2f} MFLOP/step-token, {c['params'] + c['aux_head_params']:,} params"
+            + (f" (aux heads {c['aux_head_params']:,}, {c['aux_head_forward_share']:.0%} of forward FLOPs)"
+               if c["aux_head_params"] else "") for a, c in costs.items()))
+    lines.append(f"status: {report.get('status', 'complete')}")
+    return "\n".join(lines)
