@@ -30,7 +30,8 @@ def build_config(args) -> C.RunConfig:
     for flag, key in (("seed", "train.seed"), ("threads", "train.threads"), ("budget", "train.budget_seconds"),
                       ("max_steps", "train.max_steps"), ("objective", "seams.objective"), ("seams", "seams.seams"),
                       ("stages", "seams.stages"), ("windows", "prune.windows"), ("samples", "prune.samples"),
-                      ("policy", "prune.policy"), ("dtype", "prune.dtype")):
+                      ("policy", "prune.policy"), ("dtype", "prune.dtype"), ("repeats", "seams.repeats"),
+                      ("order", "seams.order"), ("schedule", "train.schedule")):
         value = getattr(args, flag, None)
         if value is not None:
             ov[key] = value
@@ -76,7 +77,7 @@ def _exit_code(status) -> int:
 
 
 def cmd_seams(args) -> int:
-    from .train import seams_study, summary_table
+    from .study import seams_study, summary_table
     cfg = build_config(args)
     if cfg.seams.stages > 0:  # real pipeline stages, one process per segment (seamkit.dist)
         from .dist import launch
@@ -117,6 +118,7 @@ def parser() -> argparse.ArgumentParser:
     _common(p)
     p.add_argument("--budget", type=float, help="seconds of training (train.budget_seconds)")
     p.add_argument("--max-steps", dest="max_steps", type=int, help="train.max_steps")
+    p.add_argument("--schedule", choices=C.SCHEDULES, help="LR schedule by budget share or by step (train.schedule)")
     p.add_argument("--out", default="runs/train", help="output directory")
     p.set_defaults(fn=cmd_train)
 
@@ -127,6 +129,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--objective", choices=C.OBJECTIVES, help="local objective")
     p.add_argument("--seams", help="'all', a count, or block indices '1,3,5'")
     p.add_argument("--stages", type=int, help="run as S real pipeline stages on torch.distributed")
+    p.add_argument("--repeats", type=int, help="seeds to repeat the study for, paired (seams.repeats)")
+    p.add_argument("--order", choices=C.ORDERS, help="arms take turns in slices, or run one after the other")
+    p.add_argument("--schedule", choices=C.SCHEDULES, help="LR schedule by budget share or by step (train.schedule)")
     p.add_argument("--out", default="reports/seams.json", help="report path")
     p.set_defaults(fn=cmd_seams)
 

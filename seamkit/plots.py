@@ -22,38 +22,112 @@ def _seams_curve_x(report: dict, arm: str, axis: str) -> list:
     return [j * end / max(1, n - 1) for j in range(n)]
 
 
+def _band(x: list, mean: list, std: list, color: str, name: str) -> go.Scatter:
+    """mean ± std as a filled band (x forth, then back)."""
+    upper = [m + s for m, s in zip(mean, std)]
+    lower = [m - s for m, s in zip(mean, std)]
+    return go.Scatter(x=list(x) + list(x)[::-1], y=upper + lower[::-1], fill="toself", fillcolor=color,
+                      opacity=0.2, line={"width": 0}, hoverinfo="skip", name=name, showlegend=True)
+
+
 def seams_loss_figure(report: dict, x: str = "seconds") -> go.Figure:
-    """Both arms' training-loss curves over wall-clock seconds (x="seconds") or tokens (x="tokens")."""
+    """Both arms' training-loss curves over wall-clock seconds (x="seconds") or tokens (x="tokens");
+    with several seeds, the mean curve and a band of ± one standard deviation across seeds."""
     fig = go.Figure()
     for arm, a in report["arms"].items():
-        final = "" if a.get("final_loss") is None else f" (final {a['final_loss']:.3f})"
-        fig.add_trace(go.Scatter(x=_seams_curve_x(report, arm, x), y=a["loss_curve"], mode="lines+markers",
-                                 name=arm + final, line={"color": SEAMS_ARM_COLORS.get(arm)}))
+        color = SEAMS_ARM_COLORS.get(arm)
+        xs = _seams_curve_x(report, arm, x)
+        if a.get("loss_curve_std"):
+            fig.add_trace(_band(xs, a["loss_curve"], a["loss_curve_std"], color, f"{arm} ± 1 std across seeds"))
+        final = "" if a.get("final_loss") is None else f" (held-out {a['final_loss']:.3f})"
+        n = len(report.get("repeats") or [])
+        fig.add_trace(go.Scatter(x=xs, y=a["loss_curve"], mode="lines+markers", line={"color": color},
+                                 name=(f"{arm}, mean of {n} seeds" if n > 1 else arm) + final))
     fig.update_layout(title=f"training loss over {x}", xaxis_title="seconds" if x == "seconds" else "tokens",
                       yaxis_title="loss (nats/token)", template="plotly_white")
     return fig
 
 
+def _agg(report: dict, arm: str, key: str) -> dict | None:
+    return (report.get("aggregate") or {}).get(arm, {}).get(key)
+
+
+def _error_y(stats: list) -> dict | None:
+    """95% half-widths as error bars, where every bar has one."""
+    if not stats or any(s is None or not s.get("ci95") for s in stats):
+        return None
+    return {"type": "data", "array": [(s["ci95"][1] - s["ci95"][0]) / 2 for s in stats], "visible": True}
+
+
 def seams_throughput_figure(report: dict) -> go.Figure:
+    """Tokens/s per arm (the mean over seeds, with its 95% interval) and every slice's tokens/s as points."""
     arms = list(report["arms"])
     tps = [report["arms"][a]["tokens_per_s"] for a in arms]
-    fig = go.Figure(go.Bar(x=arms, y=tps, text=[f"{v:,.0f}" for v in tps], textposition="auto",
-                           marker_color=[SEAMS_ARM_COLORS.get(a) for a in arms]))
-    fig.update_layout(title="training throughput", yaxis_title="tokens/s", template="plotly_white")
+    fig = go.Figure(go.Bar(x=arms, y=tps, text=[f"{v:,.0f}" for v in tps], textposition="auto", name="tokens/s",
+                           marker_color=[SEAMS_ARM_COLORS.get(a) for a in arms],
+                           error_y=_error_y([_agg(report, a, "tokens_per_s") for a in arms])))
+    xs, ys = [], []
+    for rep in report.get("repeats") or []:
+        for a in arms:
+            s = rep["arms"][a].get("slices")
+            if isinstance(s, dict):
+                xs += [a, a]
+                ys += [s["min"], s["max"]]
+    if xs:
+        fig.add_trace(go.Scatter(x=xs, y=ys, mode="markers", name="slowest and fastest slice per seed",
+                                 marker={"color": "black", "size": 5}))
+    fig.update_layout(title=f"training throughput ({report.get('order', 'sequential')})", yaxis_title="tokens/s",
+                      template="plotly_white")
     return fig
 
 
 def seams_memory_figure(report: dict) -> go.Figure:
-    """Peak memory per arm: CUDA's peak allocation on a GPU, the arm process's peak RSS on CPU."""
+    """Per arm: the peak and the growth over the arm's own baseline (CUDA's allocator on a GPU,
+    the arm process's RSS on CPU); the shared part (torch, the corpus) is the difference."""
     arms = list(report["arms"])
     vram = all(report["arms"][a].get("peak_vram_bytes") is not None for a in arms)
-    key = "peak_vram_bytes" if vram else "peak_rss_bytes"
-    peak = [report["arms"][a].get(key) for a in arms]
-    gib = [None if v is None else v / 2 ** 30 for v in peak]
-    fig = go.Figure(go.Bar(x=arms, y=gib, text=["-" if v is None else f"{v:.2f}" for v in gib], textposition="auto",
-                           marker_color=[SEAMS_ARM_COLORS.get(a) for a in arms]))
-    fig.update_layout(title="peak memory (" + ("GPU allocator" if vram else "process RSS") + ")",
-                      yaxis_title="GiB", template="plotly_white")
+    keys = ("peak_vram_bytes", "vram_growth_bytes") if vram else ("peak_rss_bytes", "rss_growth_bytes")
+    fig = go.Figure()
+    for key, label in zip(keys, ("peak", "growth during training")):
+        vals = [report["arms"][a].get(key) for a in arms]
+        gib = [None if v is None else v / 2 ** 30 for v in vals]
+        fig.add_trace(go.Bar(x=arms, y=gib, name=label, text=["-" if v is None else f"{v:.3f}" for v in gib],
+                             textposition="auto"))
+    ratio = (report.get("local_over_e2e") or {})
+    fig.update_layout(barmode="group", template="plotly_white", yaxis_title="GiB",
+                      title="memory (" + ("GPU allocator" if vram else "process RSS") + "): local/e2e peak "
+                            f"{ratio.get('peak_memory') or '-'}x, growth {ratio.get('memory_growth') or '-'}x")
+    return fig
+
+
+def seams_equal_tokens_figure(report: dict) -> go.Figure:
+    """Held-out loss of both arms at the same token counts, one line per seed."""
+    fig = go.Figure()
+    for rep in report.get("repeats") or []:
+        rows = rep.get("equal_tokens") or []
+        for arm in report["arms"]:
+            fig.add_trace(go.Scatter(x=[r["tokens"] for r in rows], y=[r[arm]["loss"] for r in rows],
+                                     error_y={"type": "data", "array": [r[arm]["stderr"] for r in rows]},
+                                     mode="lines+markers", name=f"{arm}, seed {rep['seed']}",
+                                     line={"color": SEAMS_ARM_COLORS.get(arm)}))
+    fig.update_layout(title="held-out loss at equal tokens (error bars: standard error over held-out batches)",
+                      xaxis_title="tokens", yaxis_title="held-out loss", template="plotly_white")
+    return fig
+
+
+def seams_time_to_target_figure(report: dict) -> go.Figure:
+    """Training seconds each arm needs to reach the held-out loss both reach, per seed."""
+    fig = go.Figure()
+    for arm in report["arms"]:
+        xs, ys = [], []
+        for rep in report.get("repeats") or []:
+            ttt = rep.get("time_to_target")
+            if ttt and ttt["seconds"].get(arm) is not None:
+                xs.append(f"seed {rep['seed']} (loss {ttt['target_loss']:.3f})")
+                ys.append(ttt["seconds"][arm])
+        fig.add_trace(go.Bar(x=xs, y=ys, name=arm, marker_color=SEAMS_ARM_COLORS.get(arm)))
+    fig.update_layout(barmode="group", title="time to the held-out loss both arms reach",
+                      yaxis_title="training seconds", template="plotly_white")
     return fig
 
 
@@ -88,9 +162,13 @@ def seams_traffic_figure(report: dict) -> go.Figure:
 
 def seams_figures(report: dict) -> dict[str, go.Figure]:
     """Every seams figure of a report, by name."""
-    return {"loss_seconds": seams_loss_figure(report, "seconds"), "loss_tokens": seams_loss_figure(report, "tokens"),
+    figs = {"loss_seconds": seams_loss_figure(report, "seconds"), "loss_tokens": seams_loss_figure(report, "tokens"),
             "throughput": seams_throughput_figure(report), "memory": seams_memory_figure(report),
             "traffic": seams_traffic_figure(report)}
+    if any(rep.get("equal_tokens") for rep in report.get("repeats") or []):
+        figs["equal_tokens"] = seams_equal_tokens_figure(report)
+        figs["time_to_target"] = seams_time_to_target_figure(report)
+    return figs
 
 
 # ----------------------------------------------------------------------------- pruning report

@@ -102,7 +102,8 @@ def reproduce(preset: str = "cpu", out_dir=Path("reports"), overrides: dict | No
     cfg = override(make_preset(preset), overrides)  # a bad key or value fails here, before any kernel starts
     from .check import summary_table as pruning_table
     from .plots import pruning_figures, seams_figures
-    from .train import checkpoint_path, summary_table as seams_table
+    from .study import summary_table as seams_table
+    from .train import checkpoint_path
     out_dir, notebooks, cwd = Path(out_dir).resolve(), Path(notebooks), Path.cwd()
     common = {"preset": preset, "out_dir": str(out_dir), "overrides": overrides, "interactive": False}
     t0 = time.perf_counter()
@@ -112,7 +113,8 @@ def reproduce(preset: str = "cpu", out_dir=Path("reports"), overrides: dict | No
         if echo:
             print(msg, flush=True)
 
-    say(f"reproduce: preset {preset}, {cfg.train.budget_seconds:g} s per arm, "
+    say(f"reproduce: preset {preset}, {cfg.train.budget_seconds:g} s per arm x {cfg.seams.repeats} seeds "
+        f"({cfg.seams.order}), "
         f"{cfg.prune.windows} windows x {cfg.prune.samples} samples; writing {out_dir}")
     say(f"[1/2] {notebooks / SEAMS_NB}")
     t = time.perf_counter()

@@ -3,9 +3,9 @@
 What this module owns (STYLE.md: callbacks build a config and call the library, nothing else):
 - `build_config`: notebook parameters or widget values -> RunConfig, through `config.override`
   (the one override path the CLI and papermill use too); None means "the preset's value".
-- `SeamsPanel` drives `train.seams_study`: preset, budget, objective and seams, a Run button,
-  one progress bar per arm and a plotly FigureWidget whose two loss curves grow from the
-  trainer's "point" events while the arms train. When the study ends, the panel shows the
+- `SeamsPanel` drives `study.seams_study`: preset, budget, objective, seams, repeats and order,
+  a Run button, one progress bar per arm and a plotly FigureWidget whose two loss curves grow
+  from the trainer's "point" events while the arms train (the current seed's curves). When the study ends, the panel shows the
   report's figures and summary table (`show_seams_report`), the view a headless run draws.
 - `PruningPanel` drives the pruning study on a checkpoint: pick a window and a loss policy
   and its pruning pattern redraws (`window_pattern`); Check runs `check.prune_check` and
@@ -58,6 +58,7 @@ def print_event(e: dict) -> None:
     """A plain-text study callback for headless runs: a line per arm start, loss-curve point
     and arm end (papermill keeps them in the executed notebook; `seamkit reproduce` streams them)."""
     kind, arm = e.get("kind"), e.get("arm")
+    arm = f"{arm} (seed {e['seed']})" if "seed" in e else arm
     if kind == "start":
         limit = f"{e['budget_seconds']:g} s" + (f" or {e['max_steps']} steps" if e.get("max_steps") else "")
         print(f"{arm}: training for {limit}", flush=True)
@@ -89,7 +90,7 @@ class _Table:
 def show_seams_report(report: dict) -> None:
     """Display a seams report: its figures, then the summary table."""
     from .plots import seams_figures
-    from .train import summary_table
+    from .study import summary_table
     for fig in seams_figures(report).values():
         display(fig)
     display(_Table(summary_table(report)))
@@ -107,7 +108,7 @@ def show_pruning_report(report: dict) -> None:
 # ----------------------------------------------------------------------------- the seams panel
 
 class SeamsPanel(W.VBox):
-    """Widgets over `train.seams_study`; display it in a notebook, press Run.
+    """Widgets over `study.seams_study`; display it in a notebook, press Run.
 
     `preset` and `settings` (config keys, as for `build_config`) give the starting values; the
     widgets' values override them when Run builds the config. The report goes to `out_path`
@@ -129,8 +130,11 @@ class SeamsPanel(W.VBox):
                                     style=style)
         self.seams = W.Text(value=cfg.seams.seams, description="seams", style=style, layout=W.Layout(width="170px"),
                             placeholder="all, 3 or 1,3,5")
+        self.repeats = W.BoundedIntText(value=cfg.seams.repeats, min=1, max=100, description="repeats",
+                                        style=style, layout=W.Layout(width="130px"))
+        self.order = W.Dropdown(options=list(C.ORDERS), value=cfg.seams.order, description="order", style=style)
         self.run = W.Button(description="Run", button_style="primary", icon="play",
-                            tooltip="train e2e, then local, for the budget each")
+                            tooltip="train both arms for the budget each, for every seed")
         self.bars = {arm: W.IntProgress(value=0, min=0, max=100, description=arm, style=style) for arm in ARMS}
         self.notes = {arm: W.Label(value="") for arm in ARMS}
         self.status = W.HTML(value=f"report: <code>{html.escape(str(self.out_path))}</code>")
@@ -144,7 +148,8 @@ class SeamsPanel(W.VBox):
         self.preset.observe(self._on_preset, names="value")
         self.run.on_click(self._on_run)
         super().__init__([
-            W.HBox([self.preset, self.budget, self.objective, self.seams, self.run]),
+            W.HBox([self.preset, self.budget, self.objective, self.seams]),
+            W.HBox([self.repeats, self.order, self.run]),
             *(W.HBox([self.bars[arm], self.notes[arm]]) for arm in ARMS),
             self.status, self.figure, self.result,
         ])
@@ -153,13 +158,14 @@ class SeamsPanel(W.VBox):
         """The config Run would train: preset + settings + the widgets' values."""
         return build_config(self.preset.value, self.settings, {
             "train.budget_seconds": self.budget.value, "seams.objective": self.objective.value,
-            "seams.seams": self.seams.value})
+            "seams.seams": self.seams.value, "seams.repeats": self.repeats.value, "seams.order": self.order.value})
 
     def _on_preset(self, change) -> None:
-        self.budget.value = build_config(change["new"], self.settings).train.budget_seconds
+        cfg = build_config(change["new"], self.settings)
+        self.budget.value, self.repeats.value = cfg.train.budget_seconds, cfg.seams.repeats
 
     def _on_run(self, _button=None) -> None:
-        from .train import seams_study
+        from .study import seams_study
         self.result.clear_output()
         self.error = None
         with self.result:  # in a kernel, a traceback shows here, under the panel, not in the log console
@@ -194,8 +200,13 @@ class SeamsPanel(W.VBox):
         if arm not in self.bars:
             return
         if kind == "start":
-            self.status.value = f"training {arm}..."
-            self.bars[arm].bar_style = "info"
+            seed = f" (seed {e['seed']}, repeat {e.get('repeat', 0) + 1} of {self.config.seams.repeats})" \
+                if "seed" in e and self.config is not None and self.config.seams.repeats > 1 else ""
+            self.status.value = f"training {arm}{seed}..."
+            self.bars[arm].value, self.bars[arm].bar_style = 0, "info"
+            trace = self.figure.data[ARMS.index(arm)]
+            with self.figure.batch_update():  # the live view is the current seed's curve
+                trace.x, trace.y = [], []
         elif kind == "point":
             trace = self.figure.data[ARMS.index(arm)]
             with self.figure.batch_update():
