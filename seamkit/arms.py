@@ -66,8 +66,8 @@ class Turns:
 
     def __init__(self, arm: str, go, q, slice_s: float, tokens_per_step: int, stop: Callable[[], bool]):
         self.arm, self.go, self.q, self.slice_s, self.per_step, self.stop = arm, go, q, slice_s, tokens_per_step, stop
-        self.held, self.t0, self.steps0 = False, 0.0, 0
-        self.slices: list[dict] = []
+        self.held, self.t0, self.steps0, self.wall0 = False, 0.0, 0, 0.0
+        self.slices: list[dict] = []  # wall_start/wall_end: time.monotonic(), one clock for every process
 
     def acquire(self) -> None:
         while not self.go.wait(0.1):
@@ -83,7 +83,8 @@ class Turns:
     def _record(self, steps: int, t: float) -> None:
         if steps > self.steps0 and t > self.t0:
             self.slices.append({"steps": steps - self.steps0, "seconds": t - self.t0,
-                                "tokens_per_s": (steps - self.steps0) * self.per_step / (t - self.t0)})
+                                "tokens_per_s": (steps - self.steps0) * self.per_step / (t - self.t0),
+                                "wall_start": self.wall0, "wall_end": time.monotonic()})
 
     def __call__(self, clock: Clock, steps: int) -> None:
         if self.held and clock.elapsed() - self.t0 < self.slice_s:
@@ -93,7 +94,7 @@ class Turns:
                 self._record(steps, clock.elapsed())
                 self.release()
             self.acquire()
-        self.t0, self.steps0 = clock.elapsed(), steps
+        self.t0, self.steps0, self.wall0 = clock.elapsed(), steps, time.monotonic()
 
     def finish(self, steps: int, elapsed_s: float) -> None:
         """Close the last slice (the loop has ended)."""

@@ -171,8 +171,10 @@ def _report_arm(arm: str, r: dict | None, costs: dict | None = None, peak: float
     }
     if "loss_curve_std" in r:
         out["loss_curve_std"] = [round(v, 4) for v in r["loss_curve_std"]]
-    if r.get("slices") is not None:
-        out["slices"] = r["slices"] if isinstance(r["slices"], dict) else _slices(r)
+    if isinstance(r.get("slices"), dict):  # a summary already (the means over seeds)
+        out["slices"] = r["slices"]
+    elif r.get("slices"):
+        out["slices"], out["slices_raw"] = _slices(r), r["slices"]
     if costs:
         out["costs"] = dict(costs)
         if peak:

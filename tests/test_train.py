@@ -1,21 +1,19 @@
-"""train.py: the arms, the budget loop, train_run and the seams study (tiny preset, CPU)."""
+"""train.py: the arms, the step, the schedule, the budget loop and train_run (tiny preset, CPU);
+the study that runs the arms (in-process here) is tests/test_study.py."""
 
 import json
 import math
-from pathlib import Path
+import time
 
 import pytest
 import torch
 
 from seamkit import checkpoint
 from seamkit import config as C
-from seamkit import report as R
 from seamkit import train as T
-from seamkit.data import load_corpus
-from seamkit.model import GPT
+from seamkit.data import eval_batches, load_corpus
+from seamkit.model import GPT, lm_loss
 
-REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "reference" / "seams_report.json"
-NULLABLE_ON_CPU = {"gpu", "peak_vram_bytes"}  # the reference ran on a GPU; on CPU these are null
 
 
 @pytest.fixture(scope="module")
@@ -24,8 +22,8 @@ def corpus():
 
 
 def steps_cfg(n=4, **kw):
-    """tiny, bounded by steps (a budget far away), so runs are exactly reproducible."""
-    return C.override(C.tiny(), {"train.max_steps": n, "train.budget_seconds": 600.0, **kw})
+    """tiny, bounded by steps alone (no budget), so runs (and the LR schedule) are exactly reproducible."""
+    return C.override(C.tiny(), {"train.max_steps": n, "train.budget_seconds": 0.0, **kw})
 
 
 def test_lr_schedule():
@@ -34,6 +32,93 @@ def test_lr_schedule():
     assert T.lr_at(4, tc) == tc.lr  # cosine starts at the peak
     assert math.isclose(T.lr_at(9, tc), tc.lr * (tc.min_lr_frac + (1 - tc.min_lr_frac) * 0.5))  # halfway
     assert T.lr_at(14, tc) == T.lr_at(1000, tc) == pytest.approx(tc.lr * tc.min_lr_frac, rel=1e-12)
+
+
+def test_budget_schedule_follows_progress():
+    tc = C.override(C.tiny(), {"train.warmup_frac": 0.1, "train.budget_seconds": 10.0, "train.max_steps": 0}).train
+    floor = tc.lr * tc.min_lr_frac
+    assert T.lr_at_progress(0.0, tc) == pytest.approx(floor) and T.lr_at_progress(0.1, tc) == pytest.approx(tc.lr)
+    assert T.lr_at_progress(0.05, tc) == pytest.approx((floor + tc.lr) / 2)  # linear warm-up from the floor
+    assert T.lr_at_progress(0.55, tc) == pytest.approx((floor + tc.lr) / 2)  # halfway down the cosine
+    assert T.lr_at_progress(1.0, tc) == pytest.approx(floor) == T.lr_at_progress(2.0, tc)
+    # progress: the share of the budget, or of max_steps when that is further along
+    assert T.schedule_progress(3, 5.0, tc) == 0.5
+    both = C.override(C.tiny(), {"train.budget_seconds": 10.0, "train.max_steps": 4}).train
+    assert T.schedule_progress(3, 5.0, both) == 0.75 and T.schedule_progress(1, 5.0, both) == 0.5
+    assert T.scheduled_lr(3, 5.0, tc) == T.lr_at_progress(0.5, tc)
+    steps = C.override(C.tiny(), {"train.schedule": "steps"}).train
+    assert T.scheduled_lr(3, 5.0, steps) == T.lr_at(3, steps)
+
+
+def test_a_budgeted_arm_anneals_when_its_budget_ends(corpus):
+    """Under a budget the LR reaches its floor at the budget's end, whatever decay_steps says."""
+    cfg = C.override(C.tiny(), {"train.budget_seconds": 0.6, "train.max_steps": 0, "train.decay_steps": 100000})
+    r = T.run_arm("e2e", cfg, corpus)
+    floor = cfg.train.lr * cfg.train.min_lr_frac
+    # the last step starts within one step of the end: its progress is >= 1 - max_step_s / budget
+    p = 1 - r["max_step_s"] / cfg.train.budget_seconds
+    assert floor <= r["lr_final"] <= T.lr_at_progress(p, cfg.train) + 1e-12
+    assert r["lr_final"] < 0.5 * cfg.train.lr
+    assert r["loss_curve_lr"][0] == pytest.approx(floor, rel=0.05)  # warm-up starts at the floor (t0 is just past 0)
+
+
+def test_curve_marks_a_step_spanning_several_marks_fills_each(corpus):
+    marks = T.CurveMarks(5, 1.0, 0)  # marks at 0, 0.25, 0.5, 0.75 s
+    assert marks.due(0, 0.0) == 1 and marks.due(1, 0.6) == 2 and marks.due(2, 0.7) == 0 and marks.left() == 1
+    # max_steps 3, 9 points: step marks 0,0,0,1,1,1,2,2 and the last step
+    r = T.run_arm("e2e", steps_cfg(3, **{"train.curve_points": 9}), corpus)
+    assert r["loss_curve_steps"] == [0, 0, 0, 1, 1, 1, 2, 2, 2] and len(r["loss_curve"]) == 9
+
+
+def test_callbacks_run_off_the_clock(corpus):
+    def slow(event):
+        if event["kind"] == "point":
+            time.sleep(0.5)
+    r = T.run_arm("e2e", steps_cfg(5), corpus, callback=slow)
+    assert len(r["loss_curve"]) == 5  # 2.5 s of callbacks; 5 tiny steps take well under 1 s, even on a busy machine
+    assert r["elapsed_s"] < 1.5, r["elapsed_s"]
+
+
+def test_final_loss_is_the_val_split_through_the_model(corpus, tmp_path):
+    cfg = steps_cfg(3, **{"train.eval_batches": 3})
+    r = T.run_arm("local", cfg, corpus, checkpoint_path=tmp_path / "l.pt")
+    model = GPT(cfg.model)
+    model.load_state_dict(checkpoint.load(tmp_path / "l.pt")["model"])
+    with torch.no_grad():
+        losses = [lm_loss(model(x), y) for x, y in eval_batches(corpus, "val", cfg.data.batch, cfg.model.seq, 3)]
+    assert r["final_loss"] == pytest.approx(torch.stack(losses).mean().item(), rel=1e-6)  # only summation order
+    assert r["final_loss_stderr"] == pytest.approx(torch.stack(losses).double().std().item() / math.sqrt(3), rel=1e-5)
+    assert r["eval_tokens"] == 3 * cfg.data.batch * cfg.model.seq
+
+
+def test_held_out_tokens():
+    cfg = C.cpu()
+    corpus = load_corpus(cfg.data)
+    assert cfg.train.eval_tokens >= 65536
+    per_batch = cfg.data.batch * cfg.model.seq
+    assert len(T.held_out(corpus, cfg)) == math.ceil(65536 / per_batch)
+    ids = corpus.split_docs("val")
+    split = int((corpus.offsets[ids + 1] - corpus.offsets[ids]).sum())
+    whole = C.override(cfg, {"train.eval_tokens": 10 ** 9})
+    assert len(T.held_out(corpus, whole)) == math.ceil((split - 1) / per_batch)  # the whole split, not a repeat
+
+
+def test_local_clips_each_segment_on_its_own(corpus, monkeypatch):
+    cfg = C.override(C.tiny(), {"seams.seams": "all", "train.grad_clip": 1e-3})  # every segment's norm exceeds it
+    a = T.build_arm("local", cfg, corpus)
+    norms = []
+    real_step = a.opt.step
+
+    def step_and_look(*args, **kw):
+        for group in a.groups:
+            norms.append(torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in group if p.grad is not None])))
+        return real_step(*args, **kw)
+    monkeypatch.setattr(a.opt, "step", step_and_look)
+    x, y = T.RowLoader(corpus, "train", cfg.data.batch, cfg.model.seq, 0).next()
+    T.train_step(a, x, y, 1e-3, cfg.train.grad_clip)
+    assert len(norms) == len(a.segs) == 4
+    for n in norms:  # each segment at the clip norm (clip_grad_norm_ scales by clip / (norm + 1e-6))
+        assert n.item() == pytest.approx(cfg.train.grad_clip, rel=1e-3)
 
 
 def test_weight_decay_on_matrices_only():
@@ -112,9 +197,6 @@ def test_nan_loss_fails_the_arm(corpus, tmp_path):
     r = T.run_arm("e2e", cfg, corpus, checkpoint_path=tmp_path / "nan.pt")
     assert r["status"] == "failed" and r["failed_step"] == 1 and r["steps"] == 1
     assert r["final_loss"] is None and all(math.isfinite(v) for v in r["loss_curve"])
-    report = T.build_report(cfg, {"e2e": r, "local": r | {"arm": "local"}}, isolated=False)
-    assert report["status"] == "failed"
-    R.validate(report, "seams")
 
 
 def test_interrupt_stops_between_steps_and_reports(corpus, tmp_path):
@@ -122,78 +204,3 @@ def test_interrupt_stops_between_steps_and_reports(corpus, tmp_path):
     r = T.run_arm("e2e", steps_cfg(50), corpus, stop=lambda: next(calls) >= 3, checkpoint_path=tmp_path / "i.pt")
     assert r["status"] == "interrupted" and r["steps"] == 3 and r["final_loss"] is None
     assert checkpoint.load(tmp_path / "i.pt")["extra"]["status"] == "interrupted"
-
-    def ctrl_c(event):  # Ctrl-C while e2e trains: local never starts
-        if event["kind"] == "point" and event["index"] == 2:
-            raise KeyboardInterrupt
-    report = T.seams_study(steps_cfg(20), tmp_path / "s.json", callback=ctrl_c, progress=False, isolate=False)
-    assert report["status"] == "interrupted"
-    assert report["arms"]["e2e"]["status"] == "interrupted" and report["arms"]["local"]["status"] == "not_run"
-    assert R.load_report(tmp_path / "s.json")["status"] == "interrupted"
-
-
-def _same_shape(ref, ours, where=""):
-    """Every key of `ref` is in `ours` with the same JSON type; returns the first difference."""
-    if isinstance(ref, dict):
-        for k, v in ref.items():
-            if k not in ours:
-                return f"{where}.{k}: missing"
-            if k in NULLABLE_ON_CPU and ours[k] is None:
-                continue
-            bad = _same_shape(v, ours[k], f"{where}.{k}")
-            if bad:
-                return bad
-        return None
-    if isinstance(ref, list):
-        if not isinstance(ours, list) or not ours:
-            return f"{where}: expected a non-empty list"
-        return _same_shape(ref[0], ours[0], f"{where}[0]") if ref else None
-    if type(ref) is not type(ours):
-        return f"{where}: {type(ref).__name__} in the reference, {type(ours).__name__} here"
-    return None
-
-
-def test_report_has_the_reference_shape_and_loads_back(tmp_path):
-    cfg = steps_cfg(6)
-    report = T.seams_study(cfg, tmp_path / "seams.json", progress=False, isolate=False)
-    assert report["status"] == "complete"
-    loaded = R.load_report(tmp_path / "seams.json", "seams")
-    assert loaded == json.loads(json.dumps(report))
-    reference = json.loads(REFERENCE.read_text()) if REFERENCE.exists() else None
-    if reference is not None:
-        assert _same_shape(reference, loaded) is None, _same_shape(reference, loaded)
-    assert _same_shape({"a": {"b": 1.5}}, {"a": {"b": 1}}) is not None  # the shape check can fail
-    for arm in T.ARMS:
-        a = loaded["arms"][arm]
-        assert a["arm"] == arm and a["steps"] == 6 and a["tokens"] == 6 * cfg.data.batch * cfg.model.seq
-        assert a["final_ppl"] == pytest.approx(math.exp(a["final_loss"]), rel=1e-3)  # both rounded in the report
-        assert len(a["loss_curve"]) == cfg.train.curve_points
-        path = T.checkpoint_path(tmp_path / "seams.json", arm)
-        assert a["checkpoint"] == checkpoint.ref(path, checkpoint.load(path)["id"])
-    assert loaded["checkpoints"]["e2e"].startswith("seams_e2e:")
-    for key in ("schema_version", "run_config", "seams", "objective", "seed", "seamkit_version", "torch_version",
-                "git_commit", "machine", "objective_bytes", "traffic_ratio_no_allreduce"):
-        assert key in loaded, key
-    assert C.from_dict(loaded["run_config"]) == cfg
-    table = T.summary_table(loaded)
-    assert "e2e" in table and "local" in table and "tokens/s" in table
-
-
-def test_arms_in_their_own_processes(tmp_path):
-    """The one spawn test: per-arm peak RSS, events forwarded, and Ctrl-C passed on to the arm."""
-    cfg = C.override(C.tiny(), {"train.budget_seconds": 1.0, "train.threads": 1})
-    events = []
-
-    def watch(event):
-        events.append(event)
-        if event["arm"] == "local" and event["kind"] == "point" and event["index"] == 1:
-            raise KeyboardInterrupt  # as Ctrl-C in the parent would
-    report = T.seams_study(cfg, tmp_path / "seams.json", callback=watch, progress=False, isolate=True)
-    e2e, local = report["arms"]["e2e"], report["arms"]["local"]
-    assert e2e["status"] == "complete" and local["status"] == "interrupted" and report["status"] == "interrupted"
-    assert local["steps"] >= 2 and local["elapsed_s"] < cfg.train.budget_seconds
-    assert e2e["peak_rss_bytes"] > 50e6 and local["peak_rss_bytes"] > 50e6
-    assert [e["kind"] for e in events if e["arm"] == "e2e"][0] == "start"
-    assert [e["kind"] for e in events if e["arm"] == "e2e"][-1] == "end"
-    assert checkpoint.load(T.checkpoint_path(tmp_path / "seams.json", "local"))["extra"]["status"] == "interrupted"
-    R.load_report(tmp_path / "seams.json")
