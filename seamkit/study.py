@@ -139,7 +139,7 @@ def held_out_views(cfg: RunConfig, corpus, results: dict) -> dict:
             "time_to_target": {"target_loss": target, "seconds": reach,
                                "local_over_e2e": reach["local"] / reach["e2e"]
                                if reach["e2e"] and reach["local"] is not None else None,
-                               "points": {a: sorted(p) for a, p in points.items()}}}
+                               "points": {a: [list(q) for q in sorted(p)] for a, p in points.items()}}}
 
 
 # ----------------------------------------------------------------------------- the report

@@ -1,50 +1,65 @@
 """plots.py (seams section): figures drawn from report dicts, ours and the reference file."""
 
 import json
-from pathlib import Path
 
 import pytest
 
 from seamkit import config as C
 from seamkit import plots as P
-from seamkit import train as T
+from seamkit import study as S
+from tests.conftest import REFERENCE
 
-REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "reference" / "seams_report.json"
+REFERENCE_FILE = REFERENCE / "seams_report.json"
 
 
 @pytest.fixture(scope="module")
 def tiny_report(tmp_path_factory):
-    cfg = C.override(C.tiny(), {"train.max_steps": 5, "train.budget_seconds": 600.0, "seams.objective": "shared_head"})
-    return T.seams_study(cfg, tmp_path_factory.mktemp("plots") / "seams.json", progress=False, isolate=False)
+    cfg = C.override(C.tiny(), {"train.max_steps": 5, "train.budget_seconds": 0.0, "seams.objective": "shared_head",
+                                "seams.repeats": 2})
+    return S.seams_study(cfg, tmp_path_factory.mktemp("plots") / "seams.json", progress=False, isolate=False)
 
 
 def _reference_like(report):
-    """The reference file when it is beside the checkout, else our report stripped to its keys."""
-    if REFERENCE.exists():
-        return json.loads(REFERENCE.read_text())
-    keep = ("arm", "steps", "tokens", "elapsed_s", "tokens_per_s", "final_loss", "final_ppl", "peak_vram_bytes",
-            "loss_curve")
-    out = {k: report[k] for k in ("config", "batch", "budget_seconds", "device", "gpu", "bytes",
-                                  "traffic_ratio_e2e_over_local")}
-    out["arms"] = {arm: {k: a[k] for k in keep} for arm, a in report["arms"].items()}
-    return out
+    return json.loads(REFERENCE_FILE.read_text())
 
 
 def test_loss_curves_come_from_the_report(tiny_report):
     fig = P.seams_loss_figure(tiny_report, "seconds")
-    assert [t.name.split()[0] for t in fig.data] == ["e2e", "local"]
-    for trace, arm in zip(fig.data, ("e2e", "local")):
+    lines = [t for t in fig.data if t.fill is None]
+    bands = [t for t in fig.data if t.fill == "toself"]
+    assert [t.name.split(",")[0] for t in lines] == ["e2e", "local"] and "mean of 2 seeds" in lines[0].name
+    for trace, band, arm in zip(lines, bands, ("e2e", "local")):
         a = tiny_report["arms"][arm]
         assert list(trace.y) == a["loss_curve"] and list(trace.x) == a["loss_curve_elapsed_s"]
+        n = len(a["loss_curve"])  # the band: mean + std forth, mean - std back
+        assert list(band.y)[:n] == pytest.approx([m + s for m, s in zip(a["loss_curve"], a["loss_curve_std"])])
+        assert max(a["loss_curve_std"]) > 0  # two seeds differ
     fig = P.seams_loss_figure(tiny_report, "tokens")
-    assert list(fig.data[1].x) == tiny_report["arms"]["local"]["loss_curve_tokens"] == [0, 128, 256, 384, 512]
+    assert list([t for t in fig.data if t.fill is None][1].x) == tiny_report["arms"]["local"]["loss_curve_tokens"] \
+        == [0, 128, 256, 384, 512]
+
+
+def test_equal_tokens_and_time_to_target_figures(tiny_report):
+    figs = P.seams_figures(tiny_report)
+    eq = figs["equal_tokens"]
+    assert len(eq.data) == 4  # two arms x two seeds
+    rows = tiny_report["repeats"][1]["equal_tokens"]
+    trace = [t for t in eq.data if t.name == "local, seed 1"][0]
+    assert list(trace.x) == [r["tokens"] for r in rows] and list(trace.y) == [r["local"]["loss"] for r in rows]
+    ttt = figs["time_to_target"]
+    assert [t.name for t in ttt.data] == ["e2e", "local"]
+    assert list(ttt.data[0].y) == [r["time_to_target"]["seconds"]["e2e"] for r in tiny_report["repeats"]]
 
 
 def test_bars_and_traffic_split(tiny_report):
     figs = P.seams_figures(tiny_report)
-    assert set(figs) == {"loss_seconds", "loss_tokens", "throughput", "memory", "traffic"}
+    assert set(figs) == {"loss_seconds", "loss_tokens", "throughput", "memory", "traffic", "equal_tokens",
+                         "time_to_target"}
     assert list(figs["throughput"].data[0].y) == [tiny_report["arms"][a]["tokens_per_s"] for a in ("e2e", "local")]
+    ci = tiny_report["aggregate"]["e2e"]["tokens_per_s"]["ci95"]
+    assert figs["throughput"].data[0].error_y.array[0] == pytest.approx((ci[1] - ci[0]) / 2)
     assert list(figs["memory"].data[0].y) == [None, None]  # in-process arms: no per-arm memory to show
+    assert [t.name for t in figs["memory"].data] == ["peak", "growth during training"]
     b = tiny_report["bytes"]
     parts = P.seams_traffic_parts(tiny_report)
     assert sum(parts["e2e"].values()) == b["e2e_per_step"] + b["e2e_allreduce_per_step"]

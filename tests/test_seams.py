@@ -1,7 +1,6 @@
 """seams.py: seam placement, segment ownership, the local objectives (through gradients) and traffic."""
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -9,12 +8,14 @@ import torch
 
 from seamkit import config as C
 from seamkit import seams as S
+from seamkit import study as ST
 from seamkit import train as T
 from seamkit.data import load_corpus
 from seamkit.model import GPT
+from tests.conftest import REFERENCE as REFERENCE_DIR
 
-REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "reference" / "seams_report.json"
-# the reference file's bytes block and ratio, for checkouts without shared/ beside them
+REFERENCE = REFERENCE_DIR / "seams_report.json"  # vendored, so the digit-for-digit check always runs
+# the reference file's bytes block and ratio, as the reference README derives them
 REFERENCE_BYTES = {
     "activation_bytes_per_seam": 4194304, "seams": 15, "e2e_per_step": 125829120, "local_per_step": 62914560,
     "e2e_allreduce_per_step": 824018944, "e2e_allreduce_non_embed": 201689088, "params": 206004736,
@@ -141,27 +142,50 @@ def test_local_values_match_the_model():
 
 
 def test_seed_preset_bytes_equal_the_reference():
-    report = T.build_report(C.seed(), {})
+    report = ST.build_report(C.seed(), {})
     assert report["bytes"] == REFERENCE_BYTES
     assert report["traffic_ratio_e2e_over_local"] == REFERENCE_RATIO
     assert report["traffic_ratio_no_allreduce"] == 2.0
-    if REFERENCE.exists():  # the file itself, digit for digit
-        ref = json.loads(REFERENCE.read_text())
-        assert report["bytes"] == ref["bytes"]
-        assert report["traffic_ratio_e2e_over_local"] == ref["traffic_ratio_e2e_over_local"]
-        assert {k: report["config"][k] for k in ref["config"]} == ref["config"]
-        assert report["batch"] == ref["batch"]
+    ref = json.loads(REFERENCE.read_text())  # the file itself, digit for digit
+    assert report["bytes"] == ref["bytes"]
+    assert report["traffic_ratio_e2e_over_local"] == ref["traffic_ratio_e2e_over_local"]
+    assert {k: report["config"][k] for k in ref["config"]} == ref["config"]
+    assert report["batch"] == ref["batch"]
 
 
-def test_objective_bytes():
-    m = C.seed().model
-    head = m.vocab * m.dim + m.dim
-    assert S.objective_bytes(m, 15, "aux_head")["extra_per_step"] == 0
-    assert S.objective_bytes(m, 15, "detached_head")["extra_per_step"] == 15 * head * 4
-    shared = S.objective_bytes(m, 15, "shared_head")
-    assert shared["head_weight_bytes_per_step"] == shared["head_gradient_bytes_per_step"] == 15 * head * 4
-    b = S.traffic_bytes(m, 8, 15)
-    assert S.objective_ratios(b, S.objective_bytes(m, 15, "aux_head"))["traffic_ratio_with_objective"] == 15.1
-    r = S.objective_ratios(b, shared)
-    assert r["traffic_ratio_with_objective"] == round((b["e2e_per_step"] + b["e2e_allreduce_per_step"])
-                                                      / (b["local_per_step"] + 2 * 15 * head * 4), 1)
+def test_objective_bytes_count_the_heads_a_stage_would_receive():
+    """detached_head and shared_head ship the model's own final norm and LM head to every
+    non-final stage (shared_head also sends their gradients back): counted on a real GPT."""
+    cfg = C.tiny()
+    model = GPT(cfg.model)
+    n_seams = cfg.model.n_blocks - 1
+    head = model.head.weight.numel() + model.norm.weight.numel()
+    head_bytes = (model.head.weight.element_size() * model.head.weight.numel()
+                  + model.norm.weight.element_size() * model.norm.weight.numel())
+    assert S.objective_bytes(cfg.model, n_seams, "aux_head")["extra_per_step"] == 0
+    det = S.objective_bytes(cfg.model, n_seams, "detached_head")
+    assert det["head_params"] == head and det["head_weight_bytes_per_step"] == n_seams * head_bytes
+    shared = S.objective_bytes(cfg.model, n_seams, "shared_head")
+    assert shared["extra_per_step"] == 2 * n_seams * head_bytes
+    # the parameters shared_head's non-final losses reach are exactly what it counts
+    arm = T.build_arm("local", C.override(cfg, {"seams.objective": "shared_head"}), load_corpus(cfg.data))
+    losses = _losses(arm, cfg, load_corpus(cfg.data))
+    reached = {n for n, p in arm.model.named_parameters()
+               if torch.autograd.grad(losses[0], p, retain_graph=True, allow_unused=True)[0] is not None}
+    outside = {n for n in reached if not n.startswith(("embed.", "blocks.0."))}
+    assert sum(dict(arm.model.named_parameters())[n].numel() for n in outside) == shared["head_params"]
+
+
+def test_aux_target_is_the_next_token(corpus):
+    """The aux loss reads the targets y (the next tokens), not the inputs x."""
+    cfg = C.override(C.tiny(), {"seams.seams": "all"})
+    arm = T.build_arm("local", cfg, corpus)
+    x, y = T.RowLoader(corpus, "train", cfg.data.batch, cfg.model.seq, 0).next()
+    torch.manual_seed(1)
+    y2 = torch.randint_like(y, cfg.model.vocab)
+    first = [list(S.segment_losses(arm.model, x, t, arm.segs, "aux_head", arm.heads, arm.classes))[0] for t in (y, y2)]
+    assert not torch.equal(first[0], first[1])  # other targets, other aux loss
+    expected = torch.nn.functional.cross_entropy(
+        arm.heads[0](arm.model.blocks[0](arm.model.embed(x), arm.model.context(x.shape[1], x.device, torch.float32)))
+        .flatten(0, 1), arm.classes[y].flatten())
+    assert torch.allclose(first[0], expected, rtol=1e-6)  # the class of the next token

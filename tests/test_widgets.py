@@ -5,6 +5,7 @@ from pathlib import Path
 import pytest
 
 from seamkit import config as C
+from seamkit import study as S
 from seamkit import train as T
 from seamkit import widgets
 from seamkit.report import load_report
@@ -48,17 +49,19 @@ def test_seams_panel_click_builds_the_config_and_fills_traces_and_bars(monkeypat
             callback(e)
         return {"status": "complete"}
 
-    monkeypatch.setattr(T, "seams_study", fake_study)
+    monkeypatch.setattr(S, "seams_study", fake_study)
     monkeypatch.setattr(widgets, "show_seams_report", lambda report: None)
     panel = widgets.SeamsPanel("tiny", {"train.seed": 7}, tmp_path / "seams.json")
     assert panel.budget.value == C.tiny().train.budget_seconds
     panel.budget.value, panel.objective.value, panel.seams.value = 4.0, "detached_head", "2"
+    panel.repeats.value, panel.order.value = 3, "sequential"
     panel.run.click()
 
     assert panel.error is None
     cfg, out_path, progress = calls[0]
     assert cfg == C.override(C.tiny(), {"train.seed": 7, "train.budget_seconds": 4.0,
-                                        "seams.objective": "detached_head", "seams.seams": "2"})
+                                        "seams.objective": "detached_head", "seams.seams": "2",
+                                        "seams.repeats": 3, "seams.order": "sequential"})
     assert cfg == panel.config and out_path == tmp_path / "seams.json" and progress is False
     e2e, local = panel.figure.data
     assert (e2e.name, local.name) == ("e2e", "local")
@@ -76,7 +79,7 @@ def test_seams_panel_click_builds_the_config_and_fills_traces_and_bars(monkeypat
 def test_seams_panel_preset_change_resets_budget():
     panel = widgets.SeamsPanel("tiny")
     panel.preset.value = "cpu"
-    assert panel.budget.value == C.cpu().train.budget_seconds
+    assert panel.budget.value == C.cpu().train.budget_seconds and panel.repeats.value == C.cpu().seams.repeats
     assert panel.build().preset == "cpu"
 
 
@@ -91,7 +94,7 @@ def test_seams_panel_user_error_is_one_line(tmp_path):
 
 def test_seams_panel_runs_the_study_live(tmp_path):
     """The real study (arms in their own processes, events through the trainer's queue)."""
-    panel = widgets.SeamsPanel("tiny", {"train.budget_seconds": 1.5}, tmp_path / "seams.json")
+    panel = widgets.SeamsPanel("tiny", {"train.budget_seconds": 1.5, "train.threads": 1}, tmp_path / "seams.json")
     seen = []
     panel.figure.data[0].on_change(lambda trace, x: seen.append(len(x)), "x")
     panel.run.click()
