@@ -1,4 +1,14 @@
-"""Benchmark of the seams study (not a test): MFU of e2e, then local/e2e throughput and memory.
+"""Benchmark of the seams study (not a test). Three parts (`--part`):
+
+threads  Quiet against busy: e2e tokens/s at the cpu preset for each thread setting (torch's
+         default 2 threads with OpenMP's default waiting, 2 threads with OMP_WAIT_POLICY=PASSIVE,
+         1 thread), each alone and beside one CPU-bound process this bench starts itself. The
+         settings run in a fresh process each (OpenMP reads its policy when torch loads), in a
+         shuffled order per round, quiet and busy back to back.
+order    The study itself (`seamkit.study`), interleaved against sequential, on a quiet machine and
+         with a CPU-bound process running for part of the run: the local/e2e tokens/s ratio of
+         each, and what interleaving costs in tokens/s.
+arms     (the earlier benchmark, below) MFU of e2e, then local/e2e throughput and memory:
 
 1. This machine's matmul FLOP/s (a square float32 matmul) and the e2e arm's achieved model
    FLOP/s in the same run: MFU = achieved / measured. Model FLOPs per token: 6 * (params without
@@ -9,22 +19,32 @@
 3. Where each arm's step time goes: forward and backward per segment, the heads (read-out and
    loss, forward and backward), gradient clipping and the optimizer, from a few in-process steps.
 
-    python bench/seams.py --preset cpu --budget 25
+    python bench/seams.py --part threads --json bench/results/seams_threads.json
+    python bench/seams.py --part order --budget 20 --json bench/results/seams_order.json
+    python bench/seams.py --part arms --preset cpu --budget 25
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
+import os
+import platform
+import random
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
+from seamkit import arms as A
 from seamkit import config as C
+from seamkit import study as S
 from seamkit import train as T
 from seamkit.data import RowLoader, load_corpus
 from seamkit.model import lm_loss, param_counts
@@ -176,8 +196,128 @@ def _table(rows: list[tuple]) -> str:
     return "\n".join(out)
 
 
+# ----------------------------------------------------------------------------- quiet against busy
+
+STEP_PROBE = """
+import sys, time, torch
+from seamkit import config as C, train as T
+from seamkit.data import RowLoader, load_corpus
+threads, steps = int(sys.argv[1]), int(sys.argv[2])
+if threads:
+    torch.set_num_threads(threads)
+cfg = C.cpu()
+corpus = load_corpus(cfg.data)
+a = T.build_arm("e2e", cfg, corpus)
+loader = RowLoader(corpus, "train", cfg.data.batch, cfg.model.seq, 0)
+for i in range(5):
+    T.train_step(a, *loader.next(), 1e-3, 1.0)
+t = time.perf_counter()
+for i in range(steps):
+    T.train_step(a, *loader.next(), 1e-3, 1.0)
+print(steps * cfg.data.batch * cfg.model.seq / (time.perf_counter() - t))
+"""
+SETTINGS = {"2 threads, OpenMP default wait": (0, None), "2 threads, OMP_WAIT_POLICY=PASSIVE": (0, "PASSIVE"),
+            "1 thread": (1, None)}
+
+
+def busy_neighbour(delay: float = 0.0, seconds: float = 1e9) -> subprocess.Popen:
+    """One CPU-bound process (a Python busy loop), after `delay` seconds, for `seconds`."""
+    code = f"import time; time.sleep({delay}); end = time.time() + {seconds}\nwhile time.time() < end: pass"
+    return subprocess.Popen([sys.executable, "-c", code])
+
+
+def probe(threads: int, policy: str | None, steps: int) -> float:
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    if policy:
+        env["OMP_WAIT_POLICY"] = policy
+    out = subprocess.run([sys.executable, "-c", STEP_PROBE, str(threads), str(steps)], env=env, check=True,
+                         capture_output=True, text=True)
+    return float(out.stdout.strip().splitlines()[-1])
+
+
+def threads_part(args) -> dict:
+    samples = {name: {"quiet": [], "busy": []} for name in SETTINGS}
+    rng = random.Random(0)
+    for r in range(args.rounds_threads):
+        names = list(SETTINGS)
+        rng.shuffle(names)
+        for name in names:
+            threads, policy = SETTINGS[name]
+            quiet = probe(threads, policy, args.steps)
+            hog = busy_neighbour()
+            try:
+                busy = probe(threads, policy, args.steps)
+            finally:
+                hog.kill()
+                hog.wait()
+            samples[name]["quiet"].append(quiet)
+            samples[name]["busy"].append(busy)
+            print(f"round {r}: {name}: quiet {quiet:,.0f} tok/s, beside a busy process {busy:,.0f}", flush=True)
+    base = statistics.median(samples["2 threads, OpenMP default wait"]["quiet"])
+    rows = [("setting", "quiet tok/s", "busy tok/s", "busy/quiet", "quiet vs 2-thread default")]
+    summary = {}
+    for name, s in samples.items():
+        q, b = statistics.median(s["quiet"]), statistics.median(s["busy"])
+        summary[name] = {"quiet_median": q, "busy_median": b, "busy_over_quiet": b / q, "quiet_over_default": q / base}
+        rows.append((name, f"{q:,.0f}", f"{b:,.0f}", f"{b / q:.2f}", f"{q / base:.2f}"))
+    print(_table(rows))
+    return {"samples": samples, "summary": summary, "steps_per_sample": args.steps}
+
+
+# ----------------------------------------------------------------------------- interleaved against sequential
+
+def order_part(args) -> dict:
+    """Each run: the study (1 seed) with `--budget` s per arm; "busy": a CPU-bound process runs
+    from `busy_delay` s after the study starts for `busy_seconds` (in sequential order that is
+    mostly the e2e arm's time)."""
+    base = C.override(C.preset(args.preset), {"train.budget_seconds": args.budget, "seams.token_marks": 1,
+                                              "train.eval_tokens": 8192, "seams.repeats": 1})
+    runs = []
+    rng = random.Random(1)
+    for r in range(args.rounds_order):
+        cases = [(o, b) for o in C.ORDERS for b in (False, True)]
+        rng.shuffle(cases)
+        for order, busy in cases:
+            cfg = C.override(base, {"seams.order": order})
+            hog = busy_neighbour(args.busy_delay, args.busy_seconds) if busy else None
+            try:
+                with tempfile.TemporaryDirectory() as d:
+                    rep = S.seams_study(cfg, Path(d) / "seams.json", progress=False)
+            finally:
+                if hog:
+                    hog.kill()
+                    hog.wait()
+            e, lo = rep["arms"]["e2e"]["tokens_per_s"], rep["arms"]["local"]["tokens_per_s"]
+            runs.append({"round": r, "order": order, "busy": busy, "e2e_tokens_per_s": e, "local_tokens_per_s": lo,
+                         "ratio": lo / e, "slices": {a: rep["arms"][a].get("slices") for a in ("e2e", "local")}})
+            print(f"round {r}: {order:11s} {'busy' if busy else 'quiet'}: e2e {e:,.0f} tok/s, local {lo:,.0f}, "
+                  f"local/e2e {lo / e:.3f}", flush=True)
+
+    def med(order, busy, key):
+        return statistics.median(x[key] for x in runs if x["order"] == order and x["busy"] == busy)
+    summary = {}
+    rows = [("order", "quiet local/e2e", "busy local/e2e", "busy vs quiet ratio", "quiet e2e tok/s",
+             "quiet local tok/s")]
+    for order in C.ORDERS:
+        q, b = med(order, False, "ratio"), med(order, True, "ratio")
+        summary[order] = {"quiet_ratio": q, "busy_ratio": b, "busy_over_quiet_ratio": b / q,
+                          "quiet_e2e_tokens_per_s": med(order, False, "e2e_tokens_per_s"),
+                          "quiet_local_tokens_per_s": med(order, False, "local_tokens_per_s")}
+        rows.append((order, f"{q:.3f}", f"{b:.3f}", f"{b / q:.3f}", f"{summary[order]['quiet_e2e_tokens_per_s']:,.0f}",
+                     f"{summary[order]['quiet_local_tokens_per_s']:,.0f}"))
+    i, s = summary["interleaved"], summary["sequential"]
+    summary["interleaving_cost"] = {arm: 1 - i[f"quiet_{arm}_tokens_per_s"] / s[f"quiet_{arm}_tokens_per_s"]
+                                    for arm in ("e2e", "local")}
+    print(_table(rows))
+    print("interleaving cost on a quiet machine (1 - interleaved/sequential tokens/s): "
+          + ", ".join(f"{a} {v:+.1%}" for a, v in summary["interleaving_cost"].items()))
+    return {"runs": runs, "summary": summary, "budget_seconds": args.budget, "busy_delay": args.busy_delay,
+            "busy_seconds": args.busy_seconds}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--part", choices=("threads", "order", "arms"), default="arms")
     ap.add_argument("--preset", default="cpu")
     ap.add_argument("--budget", type=float, default=20.0, help="seconds per arm in the budget runs")
     ap.add_argument("--seams", default="1,3,7", help="seam counts to try")
@@ -185,8 +325,25 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=0, help="torch threads everywhere (0: torch's default)")
     ap.add_argument("--rounds", type=int, default=12, help="interleaved steps per arm")
     ap.add_argument("--breakdown-steps", type=int, default=20)
+    ap.add_argument("--steps", type=int, default=40, help="threads: timed steps per sample")
+    ap.add_argument("--rounds-threads", type=int, default=3)
+    ap.add_argument("--rounds-order", type=int, default=2)
+    ap.add_argument("--busy-delay", type=float, default=8.0, help="order: seconds before the busy process starts")
+    ap.add_argument("--busy-seconds", type=float, default=20.0, help="order: seconds the busy process runs")
     ap.add_argument("--json", help="also write the results here")
     args = ap.parse_args(argv)
+    if args.part in ("threads", "order"):
+        out = (threads_part if args.part == "threads" else order_part)(args)
+        if args.json:
+            Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.json).write_text(json.dumps({
+                "command": "python bench/seams.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+                "machine": {"platform": platform.platform(), "cores": os.cpu_count(), "processor": platform.processor()},
+                "torch": torch.__version__, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+                "conditions": "shared machine: other helpers' niced (nice 10) work may run beside this bench, which "
+                              "runs at nice 0 under the bench lock; 'quiet' means no busy process of this bench's own",
+                **out}, indent=2))
+        return 0
 
     cfg = C.override(C.preset(args.preset), {"train.budget_seconds": args.budget, "train.threads": args.threads})
     if args.threads > 0:
@@ -208,7 +365,7 @@ def main(argv=None) -> int:
 
     # 2. budget runs, each arm in its own process (peak RSS per arm)
     def budget_run(name, c):
-        r, _ = T.run_arm_isolated(name, c)
+        r, _ = A.run_arm_isolated(name, c)
         r["mem"] = r["peak_vram_bytes"] if r["peak_vram_bytes"] is not None else r["peak_rss_bytes"]
         r["mem_train"] = r["mem"] - r["rss_start_bytes"] if r["peak_vram_bytes"] is None else r["mem"]
         label = f"{name} {c.seams.objective} {c.seams.seams}" if name == "local" else name
