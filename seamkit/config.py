@@ -212,9 +212,9 @@ def cpu() -> RunConfig:
     c.preset = "cpu"
     c.model = ModelConfig(vocab=tokenizer_vocab("bytes"), dim=128, n_blocks=8, n_heads=4, seq=128, mlp_mult=4)
     c.data = dataclasses.replace(c.data, tokenizer="bytes", window_positions=1024)
-    c.train = dataclasses.replace(c.train, budget_seconds=120.0, lr=1e-3, warmup_steps=20, decay_steps=2000,
+    c.train = dataclasses.replace(c.train, budget_seconds=50.0, lr=1e-3, warmup_steps=20, decay_steps=2000,
                                   eval_batches=8, eval_tokens=65536)
-    c.seams = dataclasses.replace(c.seams, aux_classes=256)
+    c.seams = dataclasses.replace(c.seams, aux_classes=256, repeats=3)  # 3 x 2 x 50 s: make reproduce in < 10 min
     c.prune = dataclasses.replace(c.prune, windows=4, samples=3)
     return c
 
@@ -227,7 +227,7 @@ def tiny() -> RunConfig:
     c.data = dataclasses.replace(c.data, batch=4, window_positions=256)
     c.train = dataclasses.replace(c.train, budget_seconds=3.0, max_steps=0, warmup_steps=2, decay_steps=50,
                                   eval_batches=2, eval_tokens=0, curve_points=5)
-    c.seams = dataclasses.replace(c.seams, aux_classes=32)
+    c.seams = dataclasses.replace(c.seams, aux_classes=32, repeats=1)
     c.prune = dataclasses.replace(c.prune, windows=2, samples=2, warmup=1)
     return c
 
