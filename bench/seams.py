@@ -46,23 +46,15 @@ from seamkit import arms as A
 from seamkit import config as C
 from seamkit import study as S
 from seamkit import train as T
+from seamkit.costs import matmul_peak
 from seamkit.data import RowLoader, load_corpus
 from seamkit.model import lm_loss, param_counts
 from seamkit.seams import parse_seams
 
 
-def matmul_flops(n: int = 1024, seconds: float = 2.0) -> float:
-    """Best FLOP/s of an n x n float32 matmul over about `seconds`."""
-    a, b = torch.randn(n, n), torch.randn(n, n)
-    for _ in range(3):
-        a @ b
-    best, end = 0.0, time.perf_counter() + seconds
-    while time.perf_counter() < end:
-        t = time.perf_counter()
-        for _ in range(5):
-            a @ b
-        best = max(best, 5 * 2 * n ** 3 / (time.perf_counter() - t))
-    return best
+def matmul_flops(seconds: float = 2.0) -> float:
+    """Best FLOP/s of a square float32 matmul (seamkit.costs.matmul_peak, the study's own probe)."""
+    return matmul_peak(torch.device("cpu"), seconds)["flops_per_s"]
 
 
 def model_flops_per_token(cfg: C.RunConfig) -> float:
