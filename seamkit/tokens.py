@@ -129,10 +129,10 @@ def prepare(paths, tokenizer: str, out_dir, workers: int = 0, shard_tokens: int 
     must be new or empty. An interrupted run leaves no meta.json, so it is never read as done.
     """
     tok = get_tokenizer(tokenizer)
-    files = _corpus_files(paths)
     out = Path(out_dir)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise DataError(f"{out}: output exists and is not an empty directory")
+    files = _corpus_files(paths)
     out.mkdir(parents=True, exist_ok=True)
     workers = workers or os.cpu_count() or 1
     writer = _Writer(out, token_dtype(tok.n_vocab), shard_tokens)
