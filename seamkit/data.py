@@ -4,7 +4,8 @@ What this module owns:
 - tokenizers: "qwen" (Qwen2.5's tiktoken BPE, padded to 151,936 ids) and "bytes" (UTF-8
   bytes + end-of-document + pad). Corpus text is always encoded as plain text: a literal
   "<|endoftext|>" in a document never becomes the end-of-document id;
-- documents: the shipped WordNet 3.0 glosses (data/README.md) or a user .txt / .jsonl file;
+- documents: the shipped WordNet 3.0 glosses (data/README.md; a wheel carries them in
+  seamkit/corpora/) or a user .txt / .jsonl(.gz) / .parquet file, streamed (`iter_documents`);
 - the split: a seed-free train/val/test assignment from a hash of each document's text;
 - `Corpus`: every document tokenized once as `encode(text) + [eod]`, cached on disk;
 - rows (`RowLoader`, `eval_batches`), the seams study's form: documents joined into one
@@ -38,8 +39,18 @@ from .config import DataConfig, SeamkitError, check_policy, tokenizer_vocab
 from .model import IGNORE
 from .report import atomic_file
 
-DATA_DIR = Path(__file__).resolve().parents[1] / "data"
-SHIPPED = {"wordnet": DATA_DIR / "wordnet.jsonl.gz"}
+DATA_DIR = Path(__file__).resolve().parents[1] / "data"  # a checkout's data/ (data/README.md)
+CORPORA_DIR = Path(__file__).resolve().parent / "corpora"  # inside the package, so installs have it too
+
+
+def _shipped(name: str) -> Path:
+    """seamkit/corpora/<name>, a link to data/<name> in a checkout and the file itself in a wheel;
+    data/<name> where links were not checked out."""
+    inside = CORPORA_DIR / name
+    return inside if inside.is_file() else DATA_DIR / name
+
+
+SHIPPED = {"wordnet": _shipped("wordnet.jsonl.gz")}
 SPLITS = ("train", "val", "test")
 CACHE_VERSION = 1  # bump when the cached arrays change meaning; old cache files are then ignored
 CACHE_KEYS = {"tokens", "offsets", "prompt_len", "words"} | {f"split_{s}" for s in SPLITS}
