@@ -89,6 +89,7 @@ class TrainConfig:
     eval_batches: int = 8  # held-out batches for the final loss
     curve_points: int = 41  # training-loss points spread over the budget, the first at step 0
     checkpoint_every_s: float = 0.0  # also checkpoint during training every this many seconds; 0: only at the end
+    compile: bool = False  # torch.compile each block for training (seamkit.accel); meant for CUDA
 
     def __post_init__(self):
         if self.budget_seconds <= 0 and self.max_steps <= 0:
