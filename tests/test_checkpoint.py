@@ -116,6 +116,15 @@ def test_atomic_write_leaves_nothing_on_failure(tmp_path, monkeypatch):
     assert [p.name for p in tmp_path.iterdir()] == ["c.pt"]  # no temporary left behind
 
 
+def _saved(tmp_path):
+    """A one-step tiny checkpoint: (config, model, optimizer, path)."""
+    cfg = C.tiny()
+    model, opt = _trained(cfg, steps=1)
+    path = tmp_path / "c.pt"
+    ck.save(path, model, opt, cfg)
+    return cfg, model, opt, path
+
+
 class _Creates:
     """Unpickling this runs a shell command that creates a file."""
 
@@ -154,10 +163,7 @@ def test_old_format_is_refused_as_unsafe(tmp_path):
 
 def test_rng_state_round_trips_as_plain_data(tmp_path):
     """The RNG state survives a safe save/load: the same draws follow in torch, Python and numpy."""
-    cfg = C.tiny()
-    model, opt = _trained(cfg, steps=1)
-    path = tmp_path / "c.pt"
-    ck.save(path, model, opt, cfg)
+    path = _saved(tmp_path)[-1]
     draws = (torch.rand(3), random.random(), np.random.standard_normal(3))  # after the state was saved
     ck.set_rng_state(ck.load(path)["rng"])
     again = (torch.rand(3), random.random(), np.random.standard_normal(3))
@@ -177,10 +183,7 @@ def test_every_checkpoint_the_trainers_write_loads(tmp_path, arm, objective):
 
 
 def test_override_that_contradicts_the_checkpoint_names_the_field(tmp_path):
-    cfg = C.tiny()
-    model, opt = _trained(cfg, steps=1)
-    path = tmp_path / "c.pt"
-    ck.save(path, model, opt, cfg)
+    cfg, _, _, path = _saved(tmp_path)
     for ov in ({"model.dim": "64"}, {"dim": 64}, {"train.seed": 3, "model.n_blocks": 2}):
         with pytest.raises(ck.CheckpointError) as e:
             ck.check_overrides(path, ov)
