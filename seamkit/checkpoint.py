@@ -4,23 +4,31 @@ Kept out of train.py (STYLE.md's layout has no home for it) because three module
 checkpoints: the trainers write them, the pruning study starts from one, the CLI inspects
 them. A checkpoint's id is "s" + the first 14 hex digits of the SHA-256 of its tensors; a
 report names it "<file stem>:<id>", as the reference report's "source:s759065ebb1a060".
+
+Loading never runs code from the file: `torch.load(weights_only=True)` rebuilds only tensors
+and plain data (dict, list, tuple, str, int, float, bool, None), and refuses any other
+global before calling it. So everything a checkpoint holds is stored as such plain data
+(numpy's RNG state as a tensor, the config as `to_dict()`); format 1 files, which pickled
+numpy arrays, are refused as an old unsafe format.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import pickle
 import random
+import re
 import zipfile
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from .config import ConfigError, RunConfig, SeamkitError, from_dict
+from .config import ConfigError, RunConfig, SeamkitError, from_dict, override
 from .report import atomic_file
 
-FORMAT = 1
+FORMAT = 2  # 2: plain data only, loaded with weights_only=True (1 pickled numpy arrays)
 
 
 class CheckpointError(SeamkitError, ValueError):
@@ -52,7 +60,11 @@ def tensor_id(*states) -> str:
 
 
 def rng_state() -> dict:
-    state = {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()}
+    """torch, Python, numpy (and CUDA) RNG states as tensors and plain data only."""
+    kind, keys, pos, has_gauss, gauss = np.random.get_state()
+    state = {"torch": torch.get_rng_state(), "python": random.getstate(),
+             "numpy": {"kind": kind, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
+                       "has_gauss": int(has_gauss), "gauss": float(gauss)}}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
@@ -61,7 +73,8 @@ def rng_state() -> dict:
 def set_rng_state(state: dict) -> None:
     torch.set_rng_state(state["torch"])
     random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    n = state["numpy"]
+    np.random.set_state((n["kind"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["gauss"]))
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
 
@@ -93,13 +106,7 @@ def load(path, verify: bool = True) -> dict:
         raise CheckpointError(f"checkpoint {path} does not exist")
     if path.is_dir():
         raise CheckpointError(f"checkpoint {path} is a directory, not a checkpoint file")
-    try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=False)
-    except (RuntimeError, EOFError, zipfile.BadZipFile, OSError, ValueError) as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise CheckpointError(f"checkpoint {path} is truncated or corrupt ({first})") from None
-    except Exception as e:  # unpickling garbage raises many types
-        raise CheckpointError(f"checkpoint {path} is not a seamkit checkpoint ({type(e).__name__})") from None
+    ckpt = _safe_load(path)
     if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT:
         raise CheckpointError(f"checkpoint {path} is not a seamkit checkpoint (format {FORMAT} expected)")
     missing = [k for k in ("id", "config", "model", "optimizer", "step") if k not in ckpt]
@@ -114,6 +121,63 @@ def load(path, verify: bool = True) -> dict:
         if got != ckpt["id"]:
             raise CheckpointError(f"checkpoint {path} is corrupt: its tensors hash to {got}, not {ckpt['id']}")
     return ckpt
+
+
+def _safe_load(path: Path, mmap: bool = False):
+    """torch.load with weights_only=True: a file that needs any other global is refused unrun."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+    except pickle.UnpicklingError as e:
+        m = re.search(r"GLOBAL ([\w.]+)", str(e))
+        if m is None:
+            raise CheckpointError(f"checkpoint {path} is not a seamkit checkpoint (a pickle a safe load "
+                                  f"cannot read)") from None
+        raise CheckpointError(f"checkpoint {path} refused unrun: it asks for {m.group(1)}, which a safe load does "
+                              f"not allow (seamkit checkpoints before format {FORMAT} are an old unsafe format: "
+                              f"train again; anything else is not a seamkit checkpoint)") from None
+    except (RuntimeError, EOFError, zipfile.BadZipFile, OSError, ValueError) as e:
+        raise CheckpointError(f"checkpoint {path} is truncated or corrupt ({_first_line(e)})") from None
+    except Exception as e:  # unpickling garbage raises many types
+        raise CheckpointError(f"checkpoint {path} is not a seamkit checkpoint ({type(e).__name__})") from None
+
+
+def _first_line(e: BaseException) -> str:
+    return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+
+
+def read_config(path) -> RunConfig:
+    """A checkpoint's RunConfig without reading its tensors (memory-mapped, not hashed)."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint {path} does not exist" if not path.exists() else
+                              f"checkpoint {path} is a directory, not a checkpoint file")
+    ckpt = _safe_load(path, mmap=True)
+    if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT or "config" not in ckpt:
+        raise CheckpointError(f"checkpoint {path} is not a seamkit checkpoint (format {FORMAT} expected)")
+    try:
+        return from_dict(ckpt["config"])
+    except ConfigError as e:
+        raise CheckpointError(f"checkpoint {path}: {e}") from None
+
+
+def check_overrides(path, overrides: dict) -> None:
+    """Refuse overrides that contradict the checkpoint's model, naming the first field.
+
+    `overrides` are the user's own (`--set`), not the preset's values: a run that starts from
+    a checkpoint takes its model from the checkpoint, so `--set model.dim=64` on a dim-32
+    checkpoint would otherwise be silently ignored. Overrides that restate the checkpoint's
+    values, and overrides of other sections, pass.
+    """
+    saved = read_config(path)
+    try:
+        wanted = override(saved, overrides)
+    except ConfigError as e:
+        raise CheckpointError(f"checkpoint {path}: {e}") from None
+    for name in vars(saved.model):
+        have, want = getattr(saved.model, name), getattr(wanted.model, name)
+        if have != want:
+            raise CheckpointError(f"--set model.{name}={want} contradicts checkpoint {path}, which has "
+                                  f"model.{name}={have}; drop the override or use another checkpoint")
 
 
 def ref(path, ckpt_id: str) -> str:

@@ -1,4 +1,4 @@
-"""The `seamkit` command: info, train, seams, prune-check, reproduce.
+"""The `seamkit` command: info, train, seams, prune-check, reproduce, data prepare.
 
 Every subcommand builds a RunConfig from a preset plus overrides (the same `config.override`
 the notebooks and widgets use), then calls one library function. User errors (a bad config,
@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+import tempfile
 from pathlib import Path
 
 from . import config as C
@@ -36,6 +38,34 @@ def build_config(args) -> C.RunConfig:
         if value is not None:
             ov[key] = value
     return C.override(cfg, ov)
+
+
+class OutputError(C.SeamkitError):
+    """An output path that cannot be written; found before any work starts."""
+
+
+def check_writable(path, directory: bool = False) -> None:
+    """Fail now, in one line, if `path` (a file, or a directory with `directory`) cannot be
+    written: its directory is created and a probe file is written, synced and removed there."""
+    path = Path(path)
+    where = path if directory else path.parent
+    if not directory and path.is_dir():
+        raise OutputError(f"cannot write {path}: it is a directory; give a file path")
+    if not directory and path.exists() and not path.is_file():
+        raise OutputError(f"cannot write {path}: it is not a regular file (outputs are replaced by a rename)")
+    for up in [where, *where.parents]:
+        if up.exists():
+            if not up.is_dir():
+                raise OutputError(f"cannot write {path}: {up} is not a directory")
+            break
+    try:
+        where.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=where, prefix=".seamkit-probe-") as f:
+            f.write(b"\0" * 4096)
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as e:
+        raise OutputError(f"cannot write {path}: {e.strerror or e}") from None
 
 
 def cmd_info(args) -> int:
@@ -65,6 +95,7 @@ def cmd_info(args) -> int:
 def cmd_train(args) -> int:
     from .train import train_run
     cfg = build_config(args)
+    check_writable(args.out, directory=True)
     summary = train_run(cfg, Path(args.out))
     print(json.dumps({k: summary[k] for k in ("status", "steps", "tokens_per_s", "val_loss", "checkpoint")
                       if k in summary}, indent=2))
@@ -78,7 +109,10 @@ def _exit_code(status) -> int:
 
 def cmd_seams(args) -> int:
     from .study import seams_study, summary_table
+    from .train import checkpoint_path
     cfg = build_config(args)
+    check_writable(args.out)
+    check_writable(checkpoint_path(args.out, "e2e"))
     if cfg.seams.stages > 0:  # real pipeline stages, one process per segment (seamkit.dist)
         from .dist import launch
         report = launch(cfg, Path(args.out))
@@ -91,7 +125,10 @@ def cmd_seams(args) -> int:
 
 def cmd_prune_check(args) -> int:
     from .check import prune_check, summary_table
+    from .checkpoint import check_overrides
     cfg = build_config(args)
+    check_overrides(args.checkpoint, C.parse_overrides(args.overrides))
+    check_writable(args.out)
     report = prune_check(cfg, Path(args.checkpoint), Path(args.out))
     print(summary_table(report))
     print(f"report: {args.out}")
@@ -100,8 +137,22 @@ def cmd_prune_check(args) -> int:
 
 def cmd_reproduce(args) -> int:
     from .reproduce import reproduce
+    check_writable(args.out, directory=True)
     summary = reproduce(preset=args.preset, out_dir=Path(args.out), overrides=C.parse_overrides(args.overrides))
     print(summary)
+    return 0
+
+
+def cmd_data_prepare(args) -> int:
+    from .tokens import prepare
+    check_writable(args.out, directory=True)
+    meta = prepare(args.corpus, args.tokenizer, args.out, workers=args.workers, shard_tokens=args.shard_tokens,
+                   text_column=args.text_column)
+    sp = meta["splits"]
+    print(f"{args.out}: {meta['tokens']:,} {meta['tokenizer']} tokens, {meta['documents']:,} documents in "
+          f"{len(meta['shards'])} shards; train/val/test {sp['train']['tokens']:,}/{sp['val']['tokens']:,}/"
+          f"{sp['test']['tokens']:,} tokens")
+    print(f"train from it: --set data.corpus={args.out} --set data.tokenizer={meta['tokenizer']}")
     return 0
 
 
@@ -150,6 +201,19 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--out", default="reports", help="output directory")
     p.set_defaults(fn=cmd_reproduce)
+
+    p = sub.add_parser("data", help="corpora: `data prepare` tokenizes text into memory-mapped token files")
+    data_sub = p.add_subparsers(dest="data_command", required=True)
+    p = data_sub.add_parser("prepare", help="tokenize .txt/.jsonl(.gz)/.parquet files into token shards")
+    p.add_argument("--corpus", nargs="+", required=True, metavar="PATH",
+                   help="corpus files, or directories of them (taken in name order)")
+    p.add_argument("--tokenizer", default="qwen", choices=C.TOKENIZERS, help="tokenizer (default qwen)")
+    p.add_argument("--out", required=True, help="new or empty output directory")
+    p.add_argument("--workers", type=int, default=0, help="tokenizing processes (default: one per CPU)")
+    p.add_argument("--shard-tokens", dest="shard_tokens", type=int, default=1 << 28,
+                   help="start a new shard once one holds this many tokens")
+    p.add_argument("--text-column", dest="text_column", default="text", help="parquet column holding the text")
+    p.set_defaults(fn=cmd_data_prepare)
     return ap
 
 

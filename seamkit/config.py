@@ -94,6 +94,7 @@ class TrainConfig:
     schedule: str = "budget"  # "budget": warm-up and cosine follow the share of the budget spent; "steps": by step
     warmup_frac: float = 0.02  # budget schedule: warm-up share of the run (from the floor to the peak)
     eval_tokens: int = 0  # held-out tokens for each evaluation (whole batches; the val split if smaller); 0: eval_batches
+    compile: bool = False  # torch.compile each block for training (seamkit.accel); meant for CUDA
 
     def __post_init__(self):
         if self.budget_seconds <= 0 and self.max_steps <= 0:

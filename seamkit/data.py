@@ -4,7 +4,8 @@ What this module owns:
 - tokenizers: "qwen" (Qwen2.5's tiktoken BPE, padded to 151,936 ids) and "bytes" (UTF-8
   bytes + end-of-document + pad). Corpus text is always encoded as plain text: a literal
   "<|endoftext|>" in a document never becomes the end-of-document id;
-- documents: the shipped WordNet 3.0 glosses (data/README.md) or a user .txt / .jsonl file;
+- documents: the shipped WordNet 3.0 glosses (data/README.md; a wheel carries them in
+  seamkit/corpora/) or a user .txt / .jsonl(.gz) / .parquet file, streamed (`iter_documents`);
 - the split: a seed-free train/val/test assignment from a hash of each document's text;
 - `Corpus`: every document tokenized once as `encode(text) + [eod]`, cached on disk;
 - rows (`RowLoader`, `eval_batches`), the seams study's form: documents joined into one
@@ -38,8 +39,18 @@ from .config import DataConfig, SeamkitError, check_policy, tokenizer_vocab
 from .model import IGNORE
 from .report import atomic_file
 
-DATA_DIR = Path(__file__).resolve().parents[1] / "data"
-SHIPPED = {"wordnet": DATA_DIR / "wordnet.jsonl.gz"}
+DATA_DIR = Path(__file__).resolve().parents[1] / "data"  # a checkout's data/ (data/README.md)
+CORPORA_DIR = Path(__file__).resolve().parent / "corpora"  # inside the package, so installs have it too
+
+
+def _shipped(name: str) -> Path:
+    """seamkit/corpora/<name>, a link to data/<name> in a checkout and the file itself in a wheel;
+    data/<name> where links were not checked out."""
+    inside = CORPORA_DIR / name
+    return inside if inside.is_file() else DATA_DIR / name
+
+
+SHIPPED = {"wordnet": _shipped("wordnet.jsonl.gz")}
 SPLITS = ("train", "val", "test")
 CACHE_VERSION = 1  # bump when the cached arrays change meaning; old cache files are then ignored
 CACHE_KEYS = {"tokens", "offsets", "prompt_len", "words"} | {f"split_{s}" for s in SPLITS}
@@ -128,68 +139,148 @@ def corpus_path(corpus: str) -> Path:
     return SHIPPED.get(corpus, Path(corpus).expanduser())
 
 
-def load_documents(corpus: str) -> list[str]:
-    """All documents of a corpus, in file order.
+def corpus_kind(path: Path) -> str:
+    """"txt", "jsonl" or "parquet" from a file name (.gz allowed for txt and jsonl); else DataError."""
+    name = path.name.removesuffix(".gz")
+    kind = name.rsplit(".", 1)[-1] if "." in name else ""
+    if kind not in ("txt", "jsonl", "parquet") or (kind == "parquet" and path.name.endswith(".gz")):
+        raise DataError(f"{path}: unknown corpus format; expected .txt, .jsonl (optionally .gz) or .parquet")
+    return kind
+
+
+def iter_documents(path: Path, text_column: str = "text"):
+    """Yield (document, bytes of the file read so far) one document at a time, in file order.
 
     `.txt`: documents separated by one or more blank lines, each stripped.
     `.jsonl`: one JSON object per line with a "text" string, kept verbatim; blank lines skipped.
-    Either may be gzipped (`.txt.gz`, `.jsonl.gz`).
+    Either may be gzipped (`.txt.gz`, `.jsonl.gz`). `.parquet`: the `text_column` string
+    column, read one record batch at a time (null rows skipped). Only one document (or one
+    parquet batch) is held at a time, so a corpus larger than memory streams.
     """
-    path = corpus_path(corpus)
-    kind = path.name.removesuffix(".gz").rsplit(".", 1)[-1] if "." in path.name else ""
-    if kind not in ("txt", "jsonl"):
-        raise DataError(f"{path}: unknown corpus format; expected .txt or .jsonl, optionally .gz")
+    kind = corpus_kind(path)
+    if kind == "parquet":
+        yield from _iter_parquet(path, text_column)
+        return
     try:
-        opener = gzip.open if path.name.endswith(".gz") else open
-        with opener(path, "rt", encoding="utf-8") as f:
-            text = f.read()
+        raw = open(path, "rb")
     except FileNotFoundError:
         raise DataError(f"{path}: no such corpus file") from None
-    except (OSError, EOFError, UnicodeDecodeError) as e:
+    except OSError as e:
+        raise DataError(f"{path}: cannot read corpus: {e}") from None
+    with raw:
+        f = gzip.GzipFile(fileobj=raw) if path.name.endswith(".gz") else raw
+        lines = _decoded_lines(f, path)
+        if kind == "jsonl":
+            for n, line in enumerate(lines, 1):
+                if not line.strip():
+                    continue
+                try:
+                    obj = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise DataError(f"{path}: line {n} is not valid JSON ({e.msg})") from None
+                if not isinstance(obj, dict) or not isinstance(obj.get("text"), str):
+                    raise DataError(f"{path}: line {n} has no \"text\" string")
+                yield obj["text"], raw.tell()
+        else:
+            doc: list[str] = []
+            for line in lines:
+                if _BLANK.fullmatch(line.rstrip("\n")):
+                    if "".join(doc).strip():
+                        yield "".join(doc).strip(), raw.tell()
+                    doc = []
+                else:
+                    doc.append(line)
+            if "".join(doc).strip():
+                yield "".join(doc).strip(), raw.tell()
+
+
+_BLANK = re.compile(r"[ \t]*")
+
+
+def _decoded_lines(f, path: Path):
+    """Lines of a binary file as str (with their "\n"); read and decode errors name the file."""
+    try:
+        for n, b in enumerate(f, 1):
+            try:
+                line = b.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise DataError(f"{path}: cannot read corpus: line {n} is not UTF-8 ({e.reason})") from None
+            if "\r" in line:  # universal newlines, as text mode reads them
+                *parts, last = line.replace("\r\n", "\n").replace("\r", "\n").split("\n")
+                yield from (p + "\n" for p in parts)
+                if last:
+                    yield last
+            else:
+                yield line
+    except (OSError, EOFError) as e:  # e.g. a truncated .gz
         raise DataError(f"{path}: cannot read corpus: {e}") from None
 
-    if kind == "txt":
-        docs = [d.strip() for d in re.split(r"\n[ \t]*\n", text)]
-        docs = [d for d in docs if d]
-    else:
-        docs = []
-        for n, line in enumerate(text.split("\n"), 1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise DataError(f"{path}: line {n} is not valid JSON ({e.msg})") from None
-            if not isinstance(obj, dict) or not isinstance(obj.get("text"), str):
-                raise DataError(f"{path}: line {n} has no \"text\" string")
-            docs.append(obj["text"])
+
+def _iter_parquet(path: Path, text_column: str):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    try:
+        pf = pq.ParquetFile(path)
+    except FileNotFoundError:
+        raise DataError(f"{path}: no such corpus file") from None
+    except (OSError, pa.ArrowException) as e:
+        raise DataError(f"{path}: cannot read parquet: {str(e).splitlines()[0]}") from None
+    field = pf.schema_arrow.get_field_index(text_column)
+    if field < 0 or not (pa.types.is_string(pf.schema_arrow.field(field).type)
+                         or pa.types.is_large_string(pf.schema_arrow.field(field).type)):
+        raise DataError(f"{path}: no string column {text_column!r} (columns: {', '.join(pf.schema_arrow.names)})")
+    size, rows = path.stat().st_size, max(1, pf.metadata.num_rows)
+    done = 0
+    try:
+        for batch in pf.iter_batches(batch_size=1024, columns=[text_column]):
+            for text in batch.column(0).to_pylist():
+                done += 1
+                if text is not None:
+                    yield text, size * done // rows
+    except (OSError, pa.ArrowException) as e:
+        raise DataError(f"{path}: cannot read parquet: {str(e).splitlines()[0]}") from None
+
+
+def load_documents(corpus: str) -> list[str]:
+    """All documents of a corpus file, in file order (see `iter_documents` for the formats)."""
+    path = corpus_path(corpus)
+    docs = [d for d, _ in iter_documents(path)]
     if not docs:
         raise DataError(f"{path}: no documents")
     return docs
 
 
+def doc_hash(text: str) -> float:
+    """u in [0, 1) from a hash of a document's text: what the split is decided on."""
+    return int.from_bytes(hashlib.blake2b(text.encode("utf-8"), digest_size=8).digest(), "little") / 2.0 ** 64
+
+
 def split_documents(docs: list[str]) -> dict[str, list[int]]:
+    """Seed-free train/val/test split of documents: `split_by_hash` of each one's `doc_hash`."""
+    u = np.array([doc_hash(d) for d in docs], dtype=np.float64)
+    return {s: ids.tolist() for s, ids in split_by_hash(u).items()}
+
+
+def split_by_hash(u: np.ndarray) -> dict[str, list[int]]:
     """Seed-free train/val/test split: about 1% val, 1% test, the rest train.
 
-    Each document gets u in [0, 1) from a hash of its text, so the split does not depend on
-    any seed or on the file's order, and duplicate documents land in the same split (ties
-    are broken by index). val takes the documents with u < 0.01, test those with
+    Each document gets u in [0, 1) from a hash of its text (`doc_hash`), so the split does
+    not depend on any seed or on the file's order, and duplicate documents land in the same
+    split (ties are broken by index). val takes the documents with u < 0.01, test those with
     0.01 <= u < 0.02. A corpus of 3 or more documents always gets at least one document in
     val and in test (the lowest u values), and keeps at least one for train. Each split is
-    returned in ascending index order.
+    returned in ascending index order (int64 arrays). Token-file corpora (seamkit.tokens) use the same
+    function on the hashes they collect while streaming.
     """
-    n = len(docs)
-    u = np.array([int.from_bytes(hashlib.blake2b(d.encode("utf-8"), digest_size=8).digest(), "little")
-                  for d in docs], dtype=np.float64) / 2.0 ** 64
+    n = len(u)
     order = np.lexsort((np.arange(n), u))  # by u, then index
     n_val, n_test = int((u < 0.01).sum()), int(((u >= 0.01) & (u < 0.02)).sum())
     if n >= 3:
         n_val, n_test = max(n_val, 1), max(n_test, 1)
         if n_val + n_test >= n:
             n_val = n_test = 1
-    return {"val": sorted(order[:n_val].tolist()),
-            "test": sorted(order[n_val:n_val + n_test].tolist()),
-            "train": sorted(order[n_val + n_test:].tolist())}
+    return {"val": np.sort(order[:n_val]), "test": np.sort(order[n_val:n_val + n_test]),
+            "train": np.sort(order[n_val + n_test:])}
 
 
 # ----------------------------------------------------------------------------- corpus
@@ -222,17 +313,39 @@ class Corpus:
                             f"val and test need a corpus of at least 3)")
         return ids
 
+    def n_tokens(self, split: str | None = None) -> int:
+        """Tokens of a split (eod included), or of the whole corpus for None."""
+        if split is None:
+            return int(self.offsets[-1])
+        ids = self.split_docs(split)
+        return int((self.offsets[ids + 1] - self.offsets[ids]).sum())
+
+    def token_counts(self, split: str, vocab: int) -> np.ndarray:
+        """How often each token id occurs in a split (np.bincount over its documents)."""
+        in_split = np.zeros(self.n_docs, dtype=bool)
+        in_split[self.split_docs(split)] = True
+        return np.bincount(self.tokens[np.repeat(in_split, np.diff(self.offsets))], minlength=vocab)
+
+    def summary(self) -> dict:
+        """What a report records about the corpus: its name, tokenizer and size per split."""
+        return {"name": self.name, "tokenizer": self.tokenizer.name, "documents": self.n_docs,
+                "tokens": self.n_tokens(), "split_tokens": {s: self.n_tokens(s) for s in SPLITS if len(self.splits[s])}}
+
+
+def encode_document(text: str, tok: Tokenizer) -> tuple[list[int], int]:
+    """`encode(prompt) + encode(completion) + [eod]` and the prompt's length in tokens."""
+    k = text.find(":") + 1  # 0 when there is no ':': the whole document is completion
+    prompt = tok.encode(text[:k]) if k else []
+    return prompt + tok.encode(text[k:]) + [tok.eod], len(prompt)
+
 
 def tokenize_documents(docs: list[str], tok: Tokenizer, desc: str = "tokenizing") -> dict[str, np.ndarray]:
     """The arrays of a `Corpus` (without splits) for a list of documents."""
     pieces, lens, prompt_len = [], np.empty(len(docs), np.int64), np.empty(len(docs), np.int32)
-    eod = [tok.eod]
     for i, text in enumerate(tqdm(docs, desc=desc, unit="doc", mininterval=1.0)):
-        k = text.find(":") + 1  # 0 when there is no ':': the whole document is completion
-        prompt = tok.encode(text[:k]) if k else []
-        ids = prompt + tok.encode(text[k:]) + eod
+        ids, prompt_len[i] = encode_document(text, tok)
         pieces.append(ids)
-        lens[i], prompt_len[i] = len(ids), len(prompt)
+        lens[i] = len(ids)
     offsets = np.zeros(len(docs) + 1, np.int64)
     np.cumsum(lens, out=offsets[1:])
     tokens = np.fromiter(itertools.chain.from_iterable(pieces), np.int32, count=int(offsets[-1]))
@@ -245,9 +358,14 @@ def load_corpus(cfg: DataConfig) -> Corpus:
 
     The cache key is the sha256 of the corpus file's bytes, the tokenizer and CACHE_VERSION,
     so an edited corpus is tokenized again and a cached one loads without reading the text.
+    A directory is a token-file corpus from `seamkit data prepare`: it is memory-mapped, not
+    loaded (seamkit.tokens).
     """
     tok = get_tokenizer(cfg.tokenizer)
     path = corpus_path(cfg.corpus)
+    if path.is_dir():
+        from .tokens import open_corpus
+        return open_corpus(path, tok.name)
     try:
         digest = hashlib.sha256(path.read_bytes()).hexdigest()
     except FileNotFoundError:
@@ -292,30 +410,40 @@ class _Stream:
     """The documents of a split joined end to end, repeated epoch after epoch.
 
     Every epoch holds the same documents (in an order that may depend on the epoch), so
-    every epoch has the same length and (epoch, position) addresses any token.
+    every epoch has the same length and (epoch, position) addresses any token. An epoch is
+    never joined into one array: `take` copies out only the documents a batch touches, so a
+    memory-mapped corpus (seamkit.tokens) is read a batch at a time. What an epoch costs in
+    memory is its order and its documents' end positions, 16 bytes per document.
     """
 
-    def __init__(self, corpus: Corpus, split: str, order_fn=None):
-        self.corpus, self.ids = corpus, corpus.split_docs(split)
+    def __init__(self, corpus, split: str, order_fn=None):
+        self.corpus, self.ids = corpus, np.asarray(corpus.split_docs(split))
         self.order_fn = order_fn or (lambda epoch: self.ids)  # default: index order, every epoch
-        self.length = int((corpus.offsets[self.ids + 1] - corpus.offsets[self.ids]).sum())
-        self._epochs: dict[int, np.ndarray] = {}
+        self.length = int(corpus.n_tokens(split))
+        self._epochs: dict[int, tuple[np.ndarray, np.ndarray]] = {}
 
-    def epoch_tokens(self, epoch: int) -> np.ndarray:
+    def epoch_layout(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
+        """(document order, end position of each in the epoch's stream)."""
         if epoch not in self._epochs:
             if len(self._epochs) >= 2:  # a batch spans at most a few epochs; keep memory flat
                 self._epochs.pop(min(self._epochs))
-            c = self.corpus
-            self._epochs[epoch] = np.concatenate([c.doc(i) for i in self.order_fn(epoch)])
+            order = np.asarray(self.order_fn(epoch))
+            offsets = self.corpus.offsets
+            self._epochs[epoch] = order, np.cumsum(offsets[order + 1] - offsets[order])
         return self._epochs[epoch]
 
     def take(self, epoch: int, position: int, n: int) -> np.ndarray:
         """n tokens starting at (epoch, position), running on into later epochs."""
         out = []
         while n > 0:
-            chunk = self.epoch_tokens(epoch)[position:position + n]
-            out.append(chunk)
-            n -= len(chunk)
+            order, ends = self.epoch_layout(epoch)
+            k = int(np.searchsorted(ends, position, side="right"))  # the document holding `position`
+            while n > 0 and k < len(order):
+                start = int(ends[k - 1]) if k else 0
+                piece = self.corpus.doc(int(order[k]))[position - start:position - start + n]
+                out.append(piece)
+                n -= len(piece)
+                position, k = position + len(piece), k + 1
             epoch, position = epoch + 1, 0
         return np.concatenate(out)
 
@@ -360,6 +488,11 @@ class RowLoader:
     def state_dict(self) -> dict:
         return {"epoch": int(self.epoch), "position": int(self.position)}
 
+    @property
+    def epochs(self) -> float:
+        """Passes over the split so far (1.5: one and a half)."""
+        return self.epoch + self.position / self.stream.length
+
     def load_state_dict(self, d) -> None:
         epoch, position = int(d["epoch"]), int(d["position"])
         if epoch < 0 or not 0 <= position < self.stream.length:
@@ -380,6 +513,23 @@ def eval_batches(corpus: Corpus, split: str, batch: int, seq: int, n: int,
         chunk = stream.take(start // stream.length, start % stream.length, step + 1)
         out.append(_rows(chunk, batch, seq, device))
     return out
+
+
+def epochs(tokens_seen: int, corpus: Corpus, split: str = "train") -> float:
+    """How many passes over a split `tokens_seen` training tokens make (2.5: the split twice and a half)."""
+    return tokens_seen / corpus.n_tokens(split)
+
+
+def repeat_warning(arm: str, tokens_seen: int, corpus: Corpus, split: str = "train") -> str | None:
+    """A one-line warning when an arm saw more tokens than its split holds; None when it did not.
+
+    An arm that repeats its data is measuring, in part, how well it memorizes.
+    """
+    e = epochs(tokens_seen, corpus, split)
+    if e <= 1.0:
+        return None
+    return (f"{arm}: {tokens_seen:,} training tokens are {e:.2f} epochs of corpus {corpus.name}'s {split} split "
+            f"({corpus.n_tokens(split):,} tokens): it repeats data; a larger corpus (seamkit data prepare) avoids it")
 
 
 # ----------------------------------------------------------------------------- windows

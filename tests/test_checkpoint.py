@@ -1,3 +1,9 @@
+import os
+import pickle
+import random
+import sys
+
+import numpy as np
 import pytest
 import torch
 
@@ -65,7 +71,7 @@ def test_flipped_tensor_bytes_are_caught(tmp_path):
     model, opt = _trained(cfg, steps=1)
     path = tmp_path / "c.pt"
     ck.save(path, model, opt, cfg)
-    obj = torch.load(path, weights_only=False)
+    obj = torch.load(path, weights_only=True)
     obj["model"]["embed.weight"][0, 0] += 1.0
     torch.save(obj, path)
     with pytest.raises(ck.CheckpointError, match="corrupt: its tensors hash to"):
@@ -108,3 +114,80 @@ def test_atomic_write_leaves_nothing_on_failure(tmp_path, monkeypatch):
         ck.save(path, model, opt, cfg)
     assert path.read_bytes() == before  # the old checkpoint is untouched
     assert [p.name for p in tmp_path.iterdir()] == ["c.pt"]  # no temporary left behind
+
+
+def _saved(tmp_path):
+    """A one-step tiny checkpoint: (config, model, optimizer, path)."""
+    cfg = C.tiny()
+    model, opt = _trained(cfg, steps=1)
+    path = tmp_path / "c.pt"
+    ck.save(path, model, opt, cfg)
+    return cfg, model, opt, path
+
+
+class _Creates:
+    """Unpickling this runs a shell command that creates a file."""
+
+    def __init__(self, target):
+        self.target = str(target)
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.target}",))
+
+
+def test_crafted_pickle_is_refused_before_it_runs(tmp_path):
+    """A checkpoint whose pickle would create a file: refused in one line, and no file appears."""
+    target = tmp_path / "pwned"
+    path = tmp_path / "evil.pt"
+    torch.save({"format": ck.FORMAT, "id": "s0", "config": {}, "model": {}, "optimizer": None, "step": 0,
+                "extra": _Creates(target)}, path)
+    for read in (ck.load, ck.read_config):
+        with pytest.raises(ck.CheckpointError) as e:
+            read(path)
+        msg = str(e.value)
+        assert "\n" not in msg and "evil.pt refused unrun" in msg and "system" in msg
+    assert not target.exists()
+
+
+def test_old_format_is_refused_as_unsafe(tmp_path):
+    """A format-1 checkpoint (numpy arrays in its pickle) is refused, saying it is an old unsafe format."""
+    cfg = C.tiny()
+    model, opt = _trained(cfg, steps=1)
+    path = tmp_path / "old.pt"
+    torch.save({"format": 1, "id": "s0", "config": cfg.to_dict(), "model": model.state_dict(),
+                "optimizer": opt.state_dict(), "step": 1, "data": {},
+                "rng": {"numpy": np.random.get_state()}, "extra": {}}, path)
+    with pytest.raises(ck.CheckpointError, match=r"old\.pt refused unrun: it asks for numpy\S*, .*old unsafe format"):
+        ck.load(path)
+
+
+def test_rng_state_round_trips_as_plain_data(tmp_path):
+    """The RNG state survives a safe save/load: the same draws follow in torch, Python and numpy."""
+    path = _saved(tmp_path)[-1]
+    draws = (torch.rand(3), random.random(), np.random.standard_normal(3))  # after the state was saved
+    ck.set_rng_state(ck.load(path)["rng"])
+    again = (torch.rand(3), random.random(), np.random.standard_normal(3))
+    assert torch.equal(draws[0], again[0]) and draws[1] == again[1] and np.array_equal(draws[2], again[2])
+
+
+@pytest.mark.parametrize("arm,objective", [("e2e", "aux_head"), ("local", "aux_head"), ("local", "shared_head")])
+def test_every_checkpoint_the_trainers_write_loads(tmp_path, arm, objective):
+    """What run_arm writes (aux heads, their optimizer, classes, loader state) loads with weights_only."""
+    from seamkit.train import run_arm
+    cfg = C.override(C.tiny(), {"train.max_steps": 2, "seams.objective": objective})
+    path = tmp_path / f"{arm}.pt"
+    result = run_arm(arm, cfg, checkpoint_path=path)
+    ckpt = ck.load(path)
+    assert ck.ref(path, ckpt["id"]) == result["checkpoint"] and ckpt["step"] == 2
+    assert ckpt["data"] == {"epoch": 0, "position": 2 * cfg.data.batch * cfg.model.seq}
+
+
+def test_override_that_contradicts_the_checkpoint_names_the_field(tmp_path):
+    cfg, _, _, path = _saved(tmp_path)
+    for ov in ({"model.dim": "64"}, {"dim": 64}, {"train.seed": 3, "model.n_blocks": 2}):
+        with pytest.raises(ck.CheckpointError) as e:
+            ck.check_overrides(path, ov)
+        key = "model.dim" if "dim" in str(ov) else "model.n_blocks"
+        assert f"--set {key}=" in str(e.value) and f"which has {key}=" in str(e.value)
+    ck.check_overrides(path, {"model.dim": "32", "train.seed": 5, "prune.windows": 1})  # restating is fine
+    assert ck.read_config(path) == cfg

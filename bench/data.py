@@ -1,0 +1,200 @@
+"""Benchmark of token-file corpora (not a test): a 500M-token corpus trains in flat memory, at full speed.
+
+1. Generate a corpus of `--tokens` tokens from repeated text: the shipped WordNet glosses,
+   25 consecutive glosses to a document (about 2,000 bytes, the length of a web page's text;
+   single glosses of 88 bytes would be an atypically small document) and a copy number in
+   front of each, so no two documents are equal and the split stays about 1% / 1%.
+   Tokenizer: `bytes` (one token per UTF-8 byte), because the timed preset (`cpu`) uses it, and
+   because Qwen's BPE would take about 4 minutes per 500M tokens per core here.
+2. `seamkit data prepare` it (in its own process; wall time and peak RSS are recorded).
+3. Interleaved e2e training runs of the `cpu` preset, each in its own fresh process:
+   `memory` trains from the shipped corpus loaded in memory (data.load_corpus), `tokens` from
+   the 500M-token directory (memory-mapped, seamkit.tokens). Per run: tokens/s of the budget
+   loop; `open`: RSS after opening the corpus minus before; `growth`: peak RSS while training
+   (VmHWM, reset when training starts) minus RSS after WARM_STEPS steps, i.e. what training
+   adds once every step's buffers exist: pages of the corpus read so far, the loader's
+   per-epoch arrays, anything that leaks; and the whole run's peak RSS. The 500M-token corpus
+   held in memory as the in-memory path holds one (int32) would be 1.9 GiB.
+
+    python bench/data.py --tokens 500e6 --budget 40 --pairs 3
+
+The generated files are deleted at the end (`--keep` keeps them). Results: bench/results/data.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import gzip
+import json
+import os
+import platform
+import re
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+MiB = 1 << 20
+WARM_STEPS = 3
+
+
+def proc_status(key: str) -> int:
+    m = re.search(rf"^{key}:\s+(\d+)\s*kB", Path("/proc/self/status").read_text(), re.M)
+    return int(m.group(1)) * 1024
+
+
+# ----------------------------------------------------------------------------- one training run (child)
+
+def child(corpus: str, budget: float, threads: int) -> dict:
+    from seamkit import config as C
+    from seamkit.data import load_corpus
+    from seamkit.train import run_arm
+    import torch
+    torch.set_num_threads(threads)
+    cfg = C.override(C.cpu(), {"train.budget_seconds": budget, "train.threads": threads, "data.corpus": corpus,
+                               "data.tokenizer": "bytes"})
+    rss0 = proc_status("VmRSS")
+    c = load_corpus(cfg.data)
+    rss1 = proc_status("VmRSS")
+    warm = {}
+
+    def callback(event):  # RSS once a few steps have allocated what every step needs
+        if event["kind"] == "progress" and event["step"] >= WARM_STEPS and not warm:
+            warm["rss"], warm["step"] = proc_status("VmRSS"), event["step"]
+    r = run_arm("e2e", cfg, corpus=c, callback=callback, own_process=True)
+    return {"corpus_tokens": c.n_tokens(), "train_tokens": c.n_tokens("train"), "steps": r["steps"],
+            "tokens_per_s": r["tokens_per_s"], "rss_before_corpus": rss0, "rss_after_corpus": rss1,
+            "rss_train_start": r["rss_start_bytes"], "rss_warm": warm["rss"], "warm_step": warm["step"],
+            "peak_rss": r["peak_rss_bytes"], "open_MiB": (rss1 - rss0) / MiB,
+            "growth_MiB": (r["peak_rss_bytes"] - warm["rss"]) / MiB,
+            "rss_anon_end": proc_status("RssAnon"), "rss_file_end": proc_status("RssFile"),
+            "final_loss": r["final_loss"]}
+
+
+def run_child(corpus: str, budget: float, threads: int) -> dict:
+    out = subprocess.run([sys.executable, __file__, "--child", corpus, "--budget", str(budget),
+                          "--threads", str(threads)], capture_output=True, text=True, cwd=ROOT)
+    if out.returncode:
+        raise SystemExit(f"child run failed: {out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+# ----------------------------------------------------------------------------- the corpus
+
+def generate(path: Path, target_bytes: int) -> int:
+    """A .jsonl of distinct ~2 kB documents made from WordNet glosses; returns its text bytes."""
+    from seamkit.data import load_documents
+    glosses = load_documents("wordnet")
+    groups = ["\n".join(glosses[i:i + 25]) for i in range(0, len(glosses), 25)]
+    written, copy = 0, 0
+    with open(path, "w", encoding="utf-8") as f:
+        while written < target_bytes:
+            for g in groups:
+                text = f"copy {copy} {g}"
+                f.write(json.dumps({"text": text}) + "\n")
+                written += len(text.encode("utf-8")) + 1  # + eod
+                if written >= target_bytes:
+                    break
+            copy += 1
+    return written
+
+
+def prepare(work: Path, tokens: float, workers: int) -> dict:
+    tok_dir = work / "tokens"
+    meta_path = tok_dir / "meta.json"
+    if meta_path.exists() and json.loads(meta_path.read_text())["tokens"] >= tokens:
+        return {"reused": True, **json.loads(meta_path.read_text())}
+    shutil.rmtree(tok_dir, ignore_errors=True)
+    work.mkdir(parents=True, exist_ok=True)
+    src = work / "repeated.jsonl"
+    t = time.perf_counter()
+    generate(src, int(tokens))
+    gen_s = time.perf_counter() - t
+    t = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "seamkit", "data", "prepare", "--corpus", str(src), "--tokenizer", "bytes",
+                    "--out", str(tok_dir), "--workers", str(workers)], check=True, cwd=ROOT)
+    prep_s = time.perf_counter() - t
+    meta = json.loads(meta_path.read_text())
+    source_bytes = src.stat().st_size
+    src.unlink()  # the shards are what the runs read
+    return {"reused": False, "generate_s": gen_s, "prepare_s": prep_s, "source_bytes": source_bytes,
+            "prepare_peak_rss_children_MiB": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024,
+            "prepare_workers": workers, **meta}
+
+
+# ----------------------------------------------------------------------------- main
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tokens", type=float, default=500e6)
+    ap.add_argument("--budget", type=float, default=40.0, help="training seconds per run")
+    ap.add_argument("--pairs", type=int, default=3, help="interleaved (memory, tokens) pairs")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--workers", type=int, default=2, help="data prepare processes")
+    ap.add_argument("--workdir", default="/tmp/seamkit-bench-data")
+    ap.add_argument("--keep", action="store_true", help="keep the generated corpus")
+    ap.add_argument("--prepare-only", action="store_true", help="generate and prepare, then stop (implies --keep)")
+    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "data.json"))
+    ap.add_argument("--child")
+    args = ap.parse_args()
+    if args.child:
+        print(json.dumps(child(args.child, args.budget, args.threads)))
+        return
+
+    work = Path(args.workdir)
+    prep = prepare(work, args.tokens, args.workers)
+    print(f"corpus: {prep['tokens']:,} tokens in {len(prep['shards'])} shards"
+          + ("" if prep["reused"] else f", generated in {prep['generate_s']:.0f} s, prepared in {prep['prepare_s']:.0f} s"))
+    if args.prepare_only:
+        return
+    try:
+        runs = {"memory": [], "tokens": []}
+        for k in range(args.pairs):
+            order = ("memory", "tokens") if k % 2 == 0 else ("tokens", "memory")  # alternate who goes first
+            for side in order:
+                r = run_child("wordnet" if side == "memory" else str(work / "tokens"), args.budget, args.threads)
+                runs[side].append(r)
+                print(f"pair {k} {side:6s}: {r['tokens_per_s']:,.0f} tok/s, open {r['open_MiB']:.1f} MiB, "
+                      f"growth {r['growth_MiB']:.1f} MiB, peak {r['peak_rss'] / MiB:.0f} MiB "
+                      f"(anon {r['rss_anon_end'] / MiB:.0f} MiB, file {r['rss_file_end'] / MiB:.0f} MiB at the end)")
+    finally:
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+
+    ratios = [t["tokens_per_s"] / m["tokens_per_s"] for m, t in zip(runs["memory"], runs["tokens"])]
+    growth = [r["growth_MiB"] for r in runs["tokens"]]
+    import torch
+    result = {
+        "command": " ".join(["python", "bench/data.py", *sys.argv[1:]]),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "machine": {"platform": platform.platform(), "cores": os.cpu_count(), "processor": platform.processor(),
+                    "note": "shared machine: other helpers' niced jobs ran beside this one; sides interleaved"},
+        "torch_version": torch.__version__,
+        "preset": "cpu (e2e arm, bytes tokenizer)", "budget_seconds": args.budget, "threads": args.threads,
+        "corpus": {k: v for k, v in prep.items() if k not in ("shards", "sources")},
+        "tokens_over_memory_tokens_per_s": {"median": statistics.median(ratios), "min": min(ratios),
+                                            "max": max(ratios), "samples": ratios},
+        "tokens_rss_growth_MiB": {"max": max(growth), "samples": growth},
+        "memory_rss_growth_MiB": {"max": max(r["growth_MiB"] for r in runs["memory"]),
+                                  "samples": [r["growth_MiB"] for r in runs["memory"]]},
+        "open_MiB": {side: [r["open_MiB"] for r in rs] for side, rs in runs.items()},
+        "peak_rss_MiB": {side: [r["peak_rss"] / MiB for r in rs] for side, rs in runs.items()},
+        "in_memory_equivalent_MiB": prep["tokens"] * 4 / MiB,
+        "targets": {"rss_growth_under_200MiB": max(growth) < 200,
+                    "tokens_per_s_within_5pct": abs(statistics.median(ratios) - 1) <= 0.05},
+        "runs": runs,
+    }
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps({k: result[k] for k in ("tokens_over_memory_tokens_per_s", "tokens_rss_growth_MiB",
+                                             "memory_rss_growth_MiB", "open_MiB", "peak_rss_MiB", "targets")},
+                     indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,296 @@
+"""Token files: corpora larger than memory, tokenized once and read through np.memmap.
+
+`seamkit data prepare --corpus PATH... --tokenizer qwen|bytes --out DIR` (`prepare`) streams
+documents from .txt, .jsonl (either optionally .gz) and .parquet files with a text column (the
+format of FineWeb and most hub corpora), tokenizes them in several processes, and appends the
+ids to token shards. Nothing holds more than a few chunks of text at once; what grows with
+the corpus is 8 bytes per document (its split hash) until the split is decided at the end.
+Documents are encoded exactly as `data.load_corpus` encodes them (`data.encode_document`) and
+split by the same hash (`data.split_by_hash`), so a file and its token directory hold the same
+documents in the same splits.
+
+`--set data.corpus=DIR` trains from it: `data.load_corpus` sees a directory and calls
+`open_corpus`, which memory-maps every file; `RowLoader` then copies out only the documents
+each batch touches.
+
+Layout of DIR (all arrays little-endian, raw, no header; meta.json says dtype and length):
+  meta.json                 written last, atomically: a directory without one is unfinished
+  tokens-00000.bin ...      token ids, uint16 for "bytes" and uint32 for "qwen"; whole documents
+                            back to back, a new shard once one holds `shard_tokens` or more
+  offsets.bin               int64 (n_docs + 1): document i is corpus tokens [offsets[i], offsets[i+1])
+  prompt_len.bin            int32 (n_docs): leading tokens of each document that are its prompt
+  words.bin                 int32 (n_docs): whitespace-separated words of each document's text
+  split-{train,val,test}.bin  int64: the split's document indices, ascending
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import multiprocessing as mp
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from tqdm.auto import tqdm
+
+from .data import (SPLITS, Corpus, DataError, corpus_kind, doc_hash, encode_document, get_tokenizer,
+                   iter_documents, split_by_hash)
+from .report import atomic_write_text
+
+FORMAT = 1
+META = "meta.json"
+CHUNK_CHARS = 1 << 20  # text per tokenizing task: large enough to amortize the hand-over to a worker
+SHARD_TOKENS = 1 << 28  # 256M tokens: 512 MB (bytes) or 1 GB (qwen) per shard
+PER_DOC = {"offsets": np.int64, "prompt_len": np.int32, "words": np.int32}
+
+
+def token_dtype(n_vocab: int) -> np.dtype:
+    return np.dtype(np.uint16 if n_vocab <= 1 << 16 else np.uint32)
+
+
+# ----------------------------------------------------------------------------- prepare
+
+def _encode_chunk(tokenizer: str, docs: list[str]) -> dict[str, np.ndarray]:
+    """A worker's task: the arrays of a run of documents (see the module docstring)."""
+    tok = get_tokenizer(tokenizer)
+    pieces, lens, prompt = [], np.empty(len(docs), np.int64), np.empty(len(docs), np.int32)
+    for i, text in enumerate(docs):
+        ids, prompt[i] = encode_document(text, tok)
+        pieces.append(np.asarray(ids, token_dtype(tok.n_vocab)))
+        lens[i] = len(ids)
+    return {"tokens": np.concatenate(pieces), "lens": lens, "prompt_len": prompt,
+            "words": np.array([len(d.split()) for d in docs], np.int32),
+            "hash": np.array([doc_hash(d) for d in docs], np.float64)}
+
+
+def _chunks(paths: list[Path], text_column: str, bar):
+    """Runs of documents of about CHUNK_CHARS characters, from every file in turn."""
+    chunk, chars, done = [], 0, 0
+    for path in paths:
+        read = 0
+        for doc, position in iter_documents(path, text_column):
+            chunk.append(doc)
+            chars += len(doc)
+            bar.update(position - read)
+            read = position
+            if chars >= CHUNK_CHARS:
+                yield chunk
+                chunk, chars = [], 0
+        done += path.stat().st_size
+        bar.update(done - bar.n)
+    if chunk:
+        yield chunk
+
+
+class _Writer:
+    """Appends encoded chunks to the shards and the per-document files of an output directory."""
+
+    def __init__(self, out: Path, dtype: np.dtype, shard_tokens: int):
+        self.out, self.dtype, self.shard_tokens = out, dtype, shard_tokens
+        self.files = {name: open(out / f"{name}.bin", "wb") for name in PER_DOC}
+        self.files["offsets"].write(np.zeros(1, np.int64).tobytes())
+        self.shards: list[dict] = []
+        self.shard = None
+        self.n_docs = self.n_tokens = 0
+        self.hashes: list[np.ndarray] = []
+
+    def write(self, c: dict[str, np.ndarray]) -> None:
+        if self.shard is None or self.shards[-1]["tokens"] >= self.shard_tokens:
+            if self.shard is not None:
+                self.shard.close()
+            name = f"tokens-{len(self.shards):05d}.bin"
+            self.shard = open(self.out / name, "wb")
+            self.shards.append({"file": name, "first_doc": self.n_docs, "first_token": self.n_tokens,
+                                "docs": 0, "tokens": 0})
+        self.shard.write(c["tokens"].tobytes())
+        ends = self.n_tokens + np.cumsum(c["lens"])
+        self.files["offsets"].write(ends.astype(np.int64).tobytes())
+        self.files["prompt_len"].write(c["prompt_len"].tobytes())
+        self.files["words"].write(c["words"].tobytes())
+        self.hashes.append(c["hash"])
+        n = len(c["lens"])
+        self.shards[-1]["docs"] += n
+        self.shards[-1]["tokens"] += len(c["tokens"])
+        self.n_docs, self.n_tokens = self.n_docs + n, self.n_tokens + len(c["tokens"])
+
+    def close(self) -> None:
+        for f in [*self.files.values(), *([self.shard] if self.shard else [])]:
+            f.close()
+
+
+def prepare(paths, tokenizer: str, out_dir, workers: int = 0, shard_tokens: int = SHARD_TOKENS,
+            text_column: str = "text", progress: bool = True) -> dict:
+    """Tokenize corpus files into a token directory (module docstring); returns its meta.json.
+
+    `paths`: files, or directories whose .txt/.jsonl(.gz)/.parquet files are taken in name
+    order. `workers`: tokenizing processes (0: one per CPU, 1: in this process). `out_dir`
+    must be new or empty. An interrupted run leaves no meta.json, so it is never read as done.
+    """
+    tok = get_tokenizer(tokenizer)
+    out = Path(out_dir)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise DataError(f"{out}: output exists and is not an empty directory")
+    files = _corpus_files(paths)
+    out.mkdir(parents=True, exist_ok=True)
+    workers = workers or os.cpu_count() or 1
+    writer = _Writer(out, token_dtype(tok.n_vocab), shard_tokens)
+    total = sum(p.stat().st_size for p in files)
+    try:
+        with tqdm(total=total, unit="B", unit_scale=True, desc=f"data prepare ({tok.name}, {workers} workers)",
+                  disable=not progress, mininterval=1.0) as bar:
+            chunks = _chunks(files, text_column, bar)
+            if workers == 1:
+                for chunk in chunks:
+                    writer.write(_encode_chunk(tok.name, chunk))
+                    bar.set_postfix(tokens=f"{writer.n_tokens:,}", refresh=False)
+            else:
+                # at most 2 tasks per worker in flight: reading never runs far ahead of tokenizing
+                with mp.get_context("spawn").Pool(workers) as pool:
+                    pending = collections.deque()
+                    for chunk in chunks:
+                        pending.append(pool.apply_async(_encode_chunk, (tok.name, chunk)))
+                        while len(pending) > 2 * workers:
+                            writer.write(pending.popleft().get())
+                            bar.set_postfix(tokens=f"{writer.n_tokens:,}", refresh=False)
+                    while pending:
+                        writer.write(pending.popleft().get())
+    finally:
+        writer.close()
+    if writer.n_docs == 0:
+        raise DataError(f"{', '.join(map(str, files))}: no documents")
+    splits = split_by_hash(np.concatenate(writer.hashes))
+    offsets = np.memmap(out / "offsets.bin", np.int64, mode="r")
+    meta = {"format": FORMAT, "tokenizer": tok.name, "dtype": writer.dtype.name, "documents": writer.n_docs,
+            "tokens": writer.n_tokens, "shards": writer.shards, "splits": {},
+            "sources": [str(p) for p in files], "text_column": text_column}
+    for s in SPLITS:
+        ids = splits[s].astype(np.int64)
+        ids.tofile(out / f"split-{s}.bin")
+        meta["splits"][s] = {"documents": len(ids), "tokens": int((offsets[ids + 1] - offsets[ids]).sum())}
+    del offsets
+    atomic_write_text(out / META, json.dumps(meta, indent=2) + "\n")
+    return meta
+
+
+def _corpus_files(paths) -> list[Path]:
+    files = []
+    for p in map(Path, paths if not isinstance(paths, (str, os.PathLike)) else [paths]):
+        if p.is_dir():
+            found = sorted(q for q in p.iterdir() if q.is_file() and _is_corpus_file(q))
+            if not found:
+                raise DataError(f"{p}: no .txt, .jsonl(.gz) or .parquet files in this directory")
+            files += found
+        elif not p.exists():
+            raise DataError(f"{p}: no such corpus file")
+        else:
+            corpus_kind(p)  # an unknown format fails now, before any work
+            files.append(p)
+    if not files:
+        raise DataError("data prepare: no corpus files given")
+    return files
+
+
+def _is_corpus_file(p: Path) -> bool:
+    try:
+        corpus_kind(p)
+        return True
+    except DataError:
+        return False
+
+
+# ----------------------------------------------------------------------------- reading
+
+@dataclass
+class TokenCorpus(Corpus):
+    """A `data.Corpus` whose arrays are memory-mapped token files; `doc(i)` reads one document.
+
+    There is no single `tokens` array: the shards stay separate files.
+    """
+    shards: list = field(default_factory=list)  # np.memmap per shard
+    shard_first_doc: np.ndarray = None  # int64 (n_shards,)
+    shard_first_token: np.ndarray = None  # int64 (n_shards,)
+    meta: dict = field(default_factory=dict)
+    root: Path = None
+
+    def doc(self, i) -> np.ndarray:
+        s = int(np.searchsorted(self.shard_first_doc, i, side="right")) - 1
+        base = self.shard_first_token[s]
+        return self.shards[s][self.offsets[i] - base:self.offsets[i + 1] - base]
+
+    def n_tokens(self, split: str | None = None) -> int:
+        if split is None:
+            return int(self.meta["tokens"])
+        self.split_docs(split)  # unknown or empty: DataError
+        return int(self.meta["splits"][split]["tokens"])
+
+    def token_counts(self, split: str, vocab: int, chunk: int = 1 << 24) -> np.ndarray:
+        """np.bincount over a split's documents, reading the shards `chunk` tokens at a time with
+        plain reads (not the memory map), so the scan leaves nothing resident."""
+        in_split = np.zeros(self.n_docs, dtype=bool)
+        in_split[self.split_docs(split)] = True
+        counts = np.zeros(vocab, np.int64)
+        dtype = np.dtype(self.meta["dtype"])
+        for sh in self.meta["shards"]:
+            d, end = sh["first_doc"], sh["first_doc"] + sh["docs"]
+            with open(self.root / sh["file"], "rb") as f:
+                while d < end:
+                    stop = min(end, max(d + 1, int(np.searchsorted(self.offsets, self.offsets[d] + chunk, "right")) - 1))
+                    lo, hi = int(self.offsets[d]), int(self.offsets[stop])
+                    f.seek((lo - sh["first_token"]) * dtype.itemsize)
+                    ids = np.fromfile(f, dtype, count=hi - lo)
+                    mask = np.repeat(in_split[d:stop], np.diff(self.offsets[d:stop + 1]))
+                    counts += np.bincount(ids[mask], minlength=vocab)[:vocab]
+                    d = stop
+        return counts
+
+    def __repr__(self) -> str:
+        return f"TokenCorpus({self.root}, {self.meta['tokens']:,} {self.tokenizer.name} tokens)"
+
+
+def _no_tokens(self):
+    raise DataError(f"corpus {self.name}: a token-file corpus has no single tokens array; read documents with "
+                    f"corpus.doc(i) and counts with corpus.token_counts(split, vocab)")
+
+
+TokenCorpus.tokens = property(_no_tokens, lambda self, value: None)
+
+
+def open_corpus(root, tokenizer: str) -> TokenCorpus:
+    """Memory-map a token directory; DataError (one line, naming the file) when it is unfinished,
+    was prepared with another tokenizer, or a file's size does not match meta.json."""
+    root = Path(root)
+    try:
+        meta = json.loads((root / META).read_text())
+    except FileNotFoundError:
+        raise DataError(f"{root}: not a token corpus (no {META}; `seamkit data prepare` makes one, "
+                        f"and an interrupted one has none)") from None
+    except (OSError, ValueError) as e:
+        raise DataError(f"{root / META}: cannot read ({e})") from None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        raise DataError(f"{root / META}: not a seamkit token corpus of format {FORMAT}")
+    if meta["tokenizer"] != tokenizer:
+        raise DataError(f"{root}: prepared with tokenizer {meta['tokenizer']}, the config asks for {tokenizer}; "
+                        f"--set data.tokenizer={meta['tokenizer']} (and a model.vocab to match)")
+    tok, dtype, n = get_tokenizer(tokenizer), np.dtype(meta["dtype"]), meta["documents"]
+
+    def mapped(name: str, dt, length: int):
+        path = root / name
+        try:
+            size = path.stat().st_size
+        except OSError:
+            raise DataError(f"{path}: missing from the token corpus") from None
+        if size != length * np.dtype(dt).itemsize:
+            raise DataError(f"{path}: {size} bytes, meta.json says {length} of {np.dtype(dt).name} "
+                            f"({length * np.dtype(dt).itemsize} bytes): truncated or from another run")
+        return np.memmap(path, dt, mode="r") if length else np.zeros(0, dt)
+
+    per_doc = {name: mapped(f"{name}.bin", dt, n + (name == "offsets")) for name, dt in PER_DOC.items()}
+    splits = {s: mapped(f"split-{s}.bin", np.int64, meta["splits"][s]["documents"]) for s in SPLITS}
+    shards = [mapped(sh["file"], dtype, sh["tokens"]) for sh in meta["shards"]]
+    return TokenCorpus(name=root.name, tokenizer=tok, tokens=None, offsets=per_doc["offsets"],
+                       prompt_len=per_doc["prompt_len"], words=per_doc["words"], splits=splits, shards=shards,
+                       shard_first_doc=np.array([sh["first_doc"] for sh in meta["shards"]], np.int64),
+                       shard_first_token=np.array([sh["first_token"] for sh in meta["shards"]], np.int64),
+                       meta=meta, root=root)

@@ -1,0 +1,69 @@
+"""Fail fast: outputs are checked writable, and checkpoint overrides checked, before any work."""
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from seamkit import checkpoint as ck
+from seamkit import cli
+from seamkit import config as C
+from seamkit.model import GPT
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="uses /dev/full and /proc")
+
+
+@pytest.fixture
+def no_work(monkeypatch):
+    """Every study entry point, replaced by one that records that it was reached."""
+    import seamkit.check
+    import seamkit.reproduce
+    import seamkit.tokens
+    import seamkit.train
+    reached = []
+    for mod, name in ((seamkit.train, "train_run"), (seamkit.train, "seams_study"),
+                      (seamkit.check, "prune_check"), (seamkit.reproduce, "reproduce"), (seamkit.tokens, "prepare")):
+        monkeypatch.setattr(mod, name, lambda *a, name=name, **k: reached.append(name))
+    return reached
+
+
+@pytest.fixture
+def tiny_checkpoint(tmp_path):
+    cfg = C.tiny()
+    model = GPT(cfg.model)
+    path = tmp_path / "tiny.pt"
+    ck.save(path, model, torch.optim.AdamW(model.parameters()), cfg)
+    return path
+
+
+@pytest.mark.parametrize("argv,words", [
+    (["train", "--out", "/dev/full/x"], "/dev/full is not a directory"),
+    (["seams", "--out", "/proc/seamkit.json"], "cannot write /proc/seamkit.json"),
+    (["seams", "--out", "/dev/full"], "not a regular file"),
+    (["reproduce", "--out", "/proc/seamkit"], "cannot write /proc/seamkit"),
+    (["data", "prepare", "--corpus", "x.txt", "--out", "/dev/full/d"], "/dev/full is not a directory"),
+])
+def test_unwritable_output_stops_before_work(argv, words, no_work, capsys):
+    assert cli.main([*argv[:1], *(["--preset", "tiny"] if argv[0] != "data" else []), *argv[1:]]) == 2
+    err = capsys.readouterr().err
+    assert words in err and err.count("\n") == 1, err
+    assert no_work == []
+
+
+def test_prune_check_output_and_override(tiny_checkpoint, no_work, capsys):
+    base = ["prune-check", "--preset", "tiny", "--checkpoint", str(tiny_checkpoint)]
+    assert cli.main([*base, "--out", "/proc/pruning.json"]) == 2
+    assert "cannot write /proc/pruning.json" in capsys.readouterr().err
+    assert cli.main([*base, "--set", "model.dim=64", "--out", "/tmp/unused.json"]) == 2
+    err = capsys.readouterr().err
+    assert err.strip() == (f"seamkit prune-check: error: --set model.dim=64 contradicts checkpoint {tiny_checkpoint}, "
+                           f"which has model.dim=32; drop the override or use another checkpoint")
+    assert no_work == []
+
+
+def test_command_line_has_no_traceback(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "seamkit", "seams", "--preset", "tiny", "--out",
+                          "/proc/seamkit.json"], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert out.stderr.strip().startswith("seamkit seams: error: cannot write /proc/seamkit.json")

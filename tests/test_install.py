@@ -1,0 +1,64 @@
+"""Installable: a built wheel, installed into a fresh venv, trains the tiny preset from another directory.
+
+The fresh venv gets seamkit only from the wheel; its dependencies (torch and the rest) come from
+this interpreter's site-packages through a .pth file, so the test downloads nothing. A .pth
+line only appends a directory to sys.path (the editable install's own .pth files there are not
+run), so `import seamkit` can only find the wheel's copy.
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT
+
+
+def _run(cmd, cwd, timeout=300):
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    out = subprocess.run([str(c) for c in cmd], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    assert out.returncode == 0, f"{cmd}: {out.stderr[-2000:]}"
+    return out.stdout
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("wheel")
+    src = out / "src"  # a clean copy: no build/ or egg-info left in the checkout, none stale read from it
+    src.mkdir()
+    for name in ("pyproject.toml", "README.md", "seamkit", "data"):
+        copy = shutil.copytree if (ROOT / name).is_dir() else shutil.copy2
+        copy(ROOT / name, src / name, **({"symlinks": True, "ignore": shutil.ignore_patterns("__pycache__")}
+                                          if copy is shutil.copytree else {}))
+    try:
+        import setuptools  # noqa: F401 -- present: build without an isolated environment (no download)
+        isolation = ["--no-build-isolation"]
+    except ImportError:
+        isolation = []
+    _run([sys.executable, "-m", "pip", "wheel", src, "--no-deps", "-q", *isolation, "-w", out], cwd=out)
+    return next(out.glob("seamkit-*.whl"))
+
+
+def test_wheel_installs_and_trains_from_another_directory(wheel, tmp_path):
+    venv = tmp_path / "venv"
+    _run([sys.executable, "-m", "venv", "--without-pip", venv], cwd=tmp_path)
+    py = venv / "bin" / "python"
+    site = Path(_run([py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], cwd=tmp_path).strip())
+    (site / "_seamkit_test_deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    _run([sys.executable, "-m", "pip", "--python", py, "install", "--no-deps", "--no-index", "-q", wheel], cwd=tmp_path)
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    where = _run([py, "-c", "import seamkit, seamkit.data as d; print(seamkit.__file__); print(d.SHIPPED['wordnet'])"],
+                 cwd=elsewhere).split()
+    assert all(Path(p).is_relative_to(site / "seamkit") for p in where), where  # the wheel's code and corpus
+    _run([venv / "bin" / "seamkit", "train", "--preset", "tiny", "--max-steps", "2", "--threads", "1",
+          "--out", "run"], cwd=elsewhere)
+    summary = json.loads((elsewhere / "run" / "summary.json").read_text())
+    assert summary["status"] == "complete" and summary["steps"] == 2
+    assert summary["run_config"]["data"]["corpus"] == "wordnet"
