@@ -209,7 +209,8 @@ for i in range(steps):
 print(steps * cfg.data.batch * cfg.model.seq / (time.perf_counter() - t))
 """
 SETTINGS = {"2 threads, OpenMP default wait": (0, None), "2 threads, OMP_WAIT_POLICY=PASSIVE": (0, "PASSIVE"),
-            "1 thread": (1, None)}
+            "1 thread": (1, None), "2 threads, GOMP_SPINCOUNT=10000": (0, "spin:10000"),
+            "2 threads, GOMP_SPINCOUNT=100000": (0, "spin:100000")}
 
 
 def busy_neighbour(delay: float = 0.0, seconds: float = 1e9) -> subprocess.Popen:
@@ -219,8 +220,10 @@ def busy_neighbour(delay: float = 0.0, seconds: float = 1e9) -> subprocess.Popen
 
 
 def probe(threads: int, policy: str | None, steps: int) -> float:
-    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
-    if policy:
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+    if policy and policy.startswith("spin:"):
+        env["GOMP_SPINCOUNT"] = policy.split(":")[1]
+    elif policy:
         env["OMP_WAIT_POLICY"] = policy
     out = subprocess.run([sys.executable, "-c", STEP_PROBE, str(threads), str(steps)], env=env, check=True,
                          capture_output=True, text=True)
@@ -228,13 +231,14 @@ def probe(threads: int, policy: str | None, steps: int) -> float:
 
 
 def threads_part(args) -> dict:
-    samples = {name: {"quiet": [], "busy": []} for name in SETTINGS}
+    settings = {n: SETTINGS[n] for n in (args.settings.split(";") if args.settings else SETTINGS)}
+    samples = {name: {"quiet": [], "busy": []} for name in settings}
     rng = random.Random(0)
     for r in range(args.rounds_threads):
-        names = list(SETTINGS)
+        names = list(settings)
         rng.shuffle(names)
         for name in names:
-            threads, policy = SETTINGS[name]
+            threads, policy = settings[name]
             quiet = probe(threads, policy, args.steps)
             hog = busy_neighbour()
             try:
@@ -319,6 +323,7 @@ def main(argv=None) -> int:
     ap.add_argument("--breakdown-steps", type=int, default=20)
     ap.add_argument("--steps", type=int, default=40, help="threads: timed steps per sample")
     ap.add_argument("--rounds-threads", type=int, default=3)
+    ap.add_argument("--settings", help="threads: ';'-separated names of SETTINGS (default: all)")
     ap.add_argument("--rounds-order", type=int, default=2)
     ap.add_argument("--busy-delay", type=float, default=8.0, help="order: seconds before the busy process starts")
     ap.add_argument("--busy-seconds", type=float, default=20.0, help="order: seconds the busy process runs")

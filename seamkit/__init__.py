@@ -1,12 +1,16 @@
 """seamkit: end-to-end vs local training across pipeline seams, and exact pruning of a training step."""
 
 import os as _os
+import sys as _sys
 
-# OpenMP threads that spin while waiting take the cores a busy neighbour (JupyterLab, a browser,
-# another arm) needs; passive waiting keeps most of the throughput there and costs little when
-# quiet (bench/seams.py --part threads). OpenMP reads this once, when torch loads: every entry
-# point (the CLI, a notebook kernel, the arms' spawned processes) imports seamkit first. A value
-# the user set is kept.
-_os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# OpenMP threads that spin while they wait take the core a busy neighbour needs: beside one
+# CPU-bound process, 2 spinning threads kept 0.15x of their quiet tokens/s, 2 passive ones 0.99x,
+# but passive waiting cost about 40% when the machine was quiet (bench/results/seams_threads.json).
+# So: passive in an interactive notebook kernel (JupyterLab and a browser share its cores; the arms
+# it spawns inherit it), OpenMP's default on the command line and in headless runs (`seamkit
+# reproduce` sets SEAMKIT_HEADLESS for its kernels). OpenMP reads this once, when torch loads;
+# every entry point imports seamkit first. A value the user set is kept.
+if "ipykernel" in _sys.modules and not _os.environ.get("SEAMKIT_HEADLESS"):
+    _os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 __version__ = "0.1.0"

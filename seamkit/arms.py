@@ -47,9 +47,6 @@ import torch
 from .config import RunConfig, from_dict
 from .train import ARMS, Clock, run_arm
 
-# OpenMP threads that spin while they wait for work take a core from a busy neighbour (and from
-# the other arm's process); passive waiting keeps throughput on a shared machine (bench/seams.py).
-OMP_DEFAULTS = {"OMP_WAIT_POLICY": "PASSIVE"}
 
 
 class ChildTraceback(Exception):
@@ -172,9 +169,7 @@ def run_arms(cfg: RunConfig, checkpoints: dict, callback: Callable[[dict], None]
     `checkpoints`: {arm: path or None}. Returns ({arm: run_arm's result + "slices" and
     "snapshots"}, interrupted here). An arm that never reported is missing from the results.
     """
-    for k, v in OMP_DEFAULTS.items():
-        os.environ.setdefault(k, v)  # the arms' OpenMP reads it when their torch loads
-    ctx = mp.get_context("spawn")
+    ctx = mp.get_context("spawn")  # the arms inherit this process's environment (OpenMP: seamkit/__init__.py)
     q = ctx.Queue()
     go = {arm: ctx.Event() for arm in ARMS}
     slice_s = cfg.seams.slice_seconds if order == "interleaved" else math.inf
@@ -256,8 +251,6 @@ def run_arm_isolated(arm: str, cfg: RunConfig, checkpoint_path=None,
                      callback: Callable[[dict], None] | None = None) -> tuple[dict, bool]:
     """One arm alone in its own process (bench/seams.py's budget runs). Returns (result, interrupted)."""
     ctx = mp.get_context("spawn")
-    for k, v in OMP_DEFAULTS.items():
-        os.environ.setdefault(k, v)
     q, go = ctx.Queue(), ctx.Event()
     go.set()  # the only arm: it always holds the turn
     p = ctx.Process(target=_arm_worker, name=f"seamkit-{arm}", daemon=True,

@@ -13,6 +13,7 @@ failure is left as it was (every report is written whole or not at all).
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -66,6 +67,7 @@ def run_notebook(src, dst, parameters: dict, cwd=None, echo: bool = False) -> Pa
     if not src.exists():
         raise NotebookError(f"{src}: no such notebook (reproduce runs the notebooks of a seamkit source checkout)")
     dst.parent.mkdir(parents=True, exist_ok=True)
+    os.environ.setdefault("SEAMKIT_HEADLESS", "1")  # the kernel keeps OpenMP's default waiting (seamkit/__init__.py)
     try:
         pm.execute_notebook(str(src), str(dst), parameters=parameters, cwd=str(cwd) if cwd else None,
                             progress_bar=False, log_output=echo, stdout_file=sys.stdout if echo else None,
