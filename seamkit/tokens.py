@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import collections
 import json
+import mmap
 import multiprocessing as mp
 import os
 from dataclasses import dataclass, field
@@ -43,6 +44,7 @@ FORMAT = 1
 META = "meta.json"
 CHUNK_CHARS = 1 << 20  # text per tokenizing task: large enough to amortize the hand-over to a worker
 SHARD_TOKENS = 1 << 28  # 256M tokens: 512 MB (bytes) or 1 GB (qwen) per shard
+RELEASE_EVERY = 64  # documents read between two `TokenCorpus.release` calls; 0: never
 PER_DOC = {"offsets": np.int64, "prompt_len": np.int32, "words": np.int32}
 
 
@@ -206,18 +208,37 @@ def _is_corpus_file(p: Path) -> bool:
 class TokenCorpus(Corpus):
     """A `data.Corpus` whose arrays are memory-mapped token files; `doc(i)` reads one document.
 
-    There is no single `tokens` array: the shards stay separate files.
+    There is no single `tokens` array: the shards stay separate files. Pages of a mapped file
+    that a process has read count in its RSS until it unmaps them, and the kernel maps far
+    more than a document per read (whole large folios and their neighbours: about 300 KiB per
+    2 kB document, measured by bench/data.py's author on Linux 6.18), so training would soon
+    hold the corpus in RSS (clean page cache, but RSS all the same). Every RELEASE_EVERY
+    documents read, `release` drops the shards' pages from this process's mapping (madvise
+    MADV_DONTNEED; the page cache keeps them, so the next read is still a memory read).
     """
     shards: list = field(default_factory=list)  # np.memmap per shard
     shard_first_doc: np.ndarray = None  # int64 (n_shards,)
     shard_first_token: np.ndarray = None  # int64 (n_shards,)
     meta: dict = field(default_factory=dict)
     root: Path = None
+    reads: int = 0  # documents read since the last release
 
     def doc(self, i) -> np.ndarray:
         s = int(np.searchsorted(self.shard_first_doc, i, side="right")) - 1
         base = self.shard_first_token[s]
+        self.reads += 1
+        if self.reads >= RELEASE_EVERY > 0:
+            self.release()
         return self.shards[s][self.offsets[i] - base:self.offsets[i + 1] - base]
+
+    def release(self) -> None:
+        """Unmap the shards' resident pages from this process (they stay in the page cache).
+        Safe between reads: a view returned by `doc` still reads correctly, from the file."""
+        self.reads = 0
+        for shard in self.shards:
+            mm = getattr(shard, "_mmap", None)
+            if mm is not None and hasattr(mmap, "MADV_DONTNEED"):
+                mm.madvise(mmap.MADV_DONTNEED)
 
     def n_tokens(self, split: str | None = None) -> int:
         if split is None:

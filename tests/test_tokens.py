@@ -2,7 +2,9 @@
 
 import gzip
 import json
+import re
 import tracemalloc
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -100,6 +102,31 @@ def test_prepare_streams(tmp_path, monkeypatch):
         tracemalloc.stop()
     assert peak < path.stat().st_size / 4, (peak, path.stat().st_size)  # reading it whole would be > 1
     assert tokens.open_corpus(tmp_path / "out", "bytes").n_docs == len(docs)
+
+
+def _rss_file_kib() -> int:
+    return int(re.search(r"^RssFile:\s+(\d+)", Path("/proc/self/status").read_text(), re.M).group(1))
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads RssFile from /proc")
+def test_reading_releases_the_pages_it_mapped(tmp_path, monkeypatch):
+    """Reading a whole 8 MB corpus does not leave it in RSS: every RELEASE_EVERY documents the
+    shards' pages are unmapped again (without that, RssFile grows by the corpus's size)."""
+    path = tmp_path / "c.jsonl"
+    path.write_text("".join(json.dumps({"text": f"doc {i}: " + "x" * 4000}) + "\n" for i in range(2000)))
+    tokens.prepare([path], "bytes", tmp_path / "tok", workers=1, progress=False)
+    size_kib = sum(f.stat().st_size for f in (tmp_path / "tok").glob("tokens-*.bin")) // 1024
+    for every, grows in ((0, True), (64, False)):
+        monkeypatch.setattr(tokens, "RELEASE_EVERY", every)
+        c = tokens.open_corpus(tmp_path / "tok", "bytes")
+        first = np.array(c.doc(7))
+        before = _rss_file_kib()
+        total = sum(int(c.doc(i)[-1]) for i in range(c.n_docs))
+        grown = _rss_file_kib() - before
+        assert total == 256 * c.n_docs and np.array_equal(c.doc(7), first)
+        assert (grown > size_kib // 2) == grows, (every, grown, size_kib)
+        c.release()
+        assert _rss_file_kib() - before < size_kib // 8
 
 
 def test_train_from_a_token_directory(tmp_path, docs, capsys):
