@@ -213,9 +213,9 @@ def cpu() -> RunConfig:
     c.preset = "cpu"
     c.model = ModelConfig(vocab=tokenizer_vocab("bytes"), dim=128, n_blocks=8, n_heads=4, seq=128, mlp_mult=4)
     c.data = dataclasses.replace(c.data, tokenizer="bytes", window_positions=1024)
-    c.train = dataclasses.replace(c.train, budget_seconds=50.0, lr=1e-3, warmup_steps=20, decay_steps=2000,
+    c.train = dataclasses.replace(c.train, budget_seconds=45.0, lr=1e-3, warmup_steps=20, decay_steps=2000,
                                   eval_batches=8, eval_tokens=65536)
-    c.seams = dataclasses.replace(c.seams, aux_classes=256, repeats=3)  # 3 x 2 x 50 s: make reproduce in < 10 min
+    c.seams = dataclasses.replace(c.seams, aux_classes=256, repeats=3)  # 3 x 2 x 45 s: make reproduce in < 10 min
     c.prune = dataclasses.replace(c.prune, windows=4, samples=3)
     return c
 
