@@ -41,6 +41,8 @@ WINDOWS = {
     # a document without targets (dropped whole), long tails after the last target, a 1-token document
     "tails": lambda: make_window([40, 25, 1, 60, 30], lambda d, i, L: d != 1 and i < L // 2),
     "random": lambda: make_window([33, 70, 12, 50, 41], random_scored(0.5)),
+    # targets in the middle of each document: context before them (live, not in T), tails after
+    "middle": lambda: make_window([40, 25, 1, 60, 30], lambda d, i, L: d != 1 and L // 4 <= i < L // 2),
     "completion": lambda: make_window([20, 35, 28, 64], lambda d, i, L: i >= 4),
     # over 1024 positions: weight-gradient GEMMs split the tokens in blocks, attention its keys
     "long": lambda: make_window([150, 120, 90, 130, 200, 180, 140, 110], random_scored(0.3, seed=2)),
