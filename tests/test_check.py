@@ -232,8 +232,9 @@ def test_summary_table(report):
 def test_pruning_figures(report):
     rep, _ = report
     figs = plots.pruning_figures(rep)
-    assert set(figs) == {"speed", "memory", "pattern"}
+    assert set(figs) == {"speed", "memory", "flops", "pattern"}
     assert [t.name for t in figs["speed"].data if t.type == "bar"] == ["base", "prune_exact"]
+    assert list(figs["flops"].data[1].y) == [w["flops"]["ceiling"] for w in rep["windows"]]
     layers, z = plots.pruning_pattern_grid(rep["pattern"])
     assert len(layers) == C.tiny().model.n_blocks + 2 and len(z[0]) == rep["pattern"]["positions"]
     kinds = rep["pattern"]["kind"]
