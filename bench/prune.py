@@ -17,7 +17,7 @@ Targets (issue #10): cpu preset, completion and random:0.5, >= 1.00x on every wi
 vocabulary, dim 128, 4 blocks, random:0.5, >= 1.6x and >= 85% of the measured-FLOP ceiling;
 peak memory lower than base everywhere.
 
-    python bench/prune.py --out bench/results/prune.json     # the three issue cases
+    python bench/prune.py --threads 1 --out bench/results/prune.json     # the three issue cases
     python bench/prune.py --cases big-random --pairs 3 --exact bitwise
 """
 
@@ -136,7 +136,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cases", default="cpu-completion,cpu-random,big-random")
     ap.add_argument("--windows", type=int, default=4)
-    ap.add_argument("--pairs", type=int, default=5)
+    ap.add_argument("--pairs", type=int, default=15, help="interleaved pairs per window")
+    ap.add_argument("--pairs-big", type=int, default=7, help="pairs per window of the big-vocabulary cases")
     ap.add_argument("--exact", default="arithmetic", choices=prune.EXACT)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--device", default="cpu")
@@ -145,7 +146,8 @@ def main(argv=None) -> int:
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     t0 = time.time()
-    rows = [run_case(name, args.windows, args.pairs, args.exact, device) for name in args.cases.split(",")]
+    rows = [run_case(name, args.windows, args.pairs_big if name.startswith("big") else args.pairs, args.exact, device)
+            for name in args.cases.split(",")]
     print(table(rows))
     print(f"({time.time() - t0:.0f} s, torch {torch.__version__}, {torch.get_num_threads()} threads)")
     if args.out:

@@ -13,14 +13,16 @@ is in the loss mask.
   The loss keeps the denominator |T| and RoPE keeps the original in-document positions.
 
 The pruned step here (`pruned_loss`, the default, `--exact arithmetic`) runs every op, forward
-and backward, only on the rows it needs: the model's own blocks on the n live rows, whose
-document-causal mask is the window's mask restricted to them, then the last block's queries
-on T against the live keys (SDPA with the boolean mask's rows of T, which has a backward on
-CPU and CUDA alike). Nothing is calibrated and nothing is cached: the plan is built inside the
-step. It is exact in arithmetic: every sum has the same terms as the unpruned step's, but
-fewer exact zeros, so in float64 it stays within 1e-12 of `base_loss` (measured ~1e-16) and in
-float32 it differs by rounding, as any reordered sum does. `seamkit.prune_bitwise` is the
-opt-in (`--exact bitwise`) step that keeps the unpruned step's bits on this CPU, at a cost.
+and backward, only on the rows it needs: the model's blocks on the n live rows, then the last
+block's queries on T against the live keys. Attention runs segment by segment (`segments`: runs
+of whole documents up to SEGMENT positions), each an SDPA call with its block of the
+document-causal mask, so it scores only pairs inside a segment, forward and backward; SDPA with
+a boolean mask has a backward on CPU and CUDA alike (the issue's "SDPA over packed documents").
+Nothing is calibrated and nothing is cached: the plan is built inside the step. It is exact in
+arithmetic: every sum has the unpruned step's terms minus exact zeros (pairs the mask hides, rows
+that reach no loss), so in float64 it stays within 1e-12 of `base_loss` (measured ~1e-15) and in
+float32 it differs by rounding, as any reordered sum does. `seamkit.prune_bitwise` is the opt-in
+(`--exact bitwise`) step that keeps the unpruned step's bits on this CPU, at a cost.
 
 `plan_flops` says what the rules promise in FLOPs (the formulas of
 torch.utils.flop_counter); `measured_flops` counts what a step ran with FlopCounterMode.
@@ -36,7 +38,7 @@ from torch import Tensor
 from torch.utils import flop_counter
 
 from .config import SeamkitError
-from .model import GPT, IGNORE, AttnContext, apply_rope, doc_causal_mask, lm_loss, rope_tables
+from .model import GPT, IGNORE, apply_rope, doc_causal_mask, lm_loss, rope_tables
 
 EXACT = ("arithmetic", "bitwise")  # the pruned step's exactness modes; arithmetic is the default
 
@@ -76,6 +78,8 @@ class Plan:
     doc: Tensor  # (N,) document ids of the whole window (the attention mask)
     targets: Tensor  # (t,) next-token ids of T
     documents: int  # documents in the window
+    segments: list = field(default_factory=list)  # [(s, e)] runs of whole documents in `live`, for attention
+    target_segments: list = field(default_factory=list)  # [(a, b)] the slice of T inside each segment
     blocks: dict = field(default_factory=dict)  # bitwise mode: what prune_bitwise.calibrate found
 
     @property
@@ -97,9 +101,29 @@ def plan(window) -> Plan:
     targets = window.targets[target]
     if bool((targets == IGNORE).any()):
         raise PruneError("a position in the loss mask has target IGNORE")
-    return Plan(positions=int(window.idx.shape[0]), live=live, target=target, target_in_live=rank[target],
+    t_in_live = rank[target]
+    segments = document_segments(window.doc[live])
+    cuts = torch.searchsorted(t_in_live, torch.tensor([e for _, e in segments], device=t_in_live.device)).tolist()
+    return Plan(positions=int(window.idx.shape[0]), live=live, target=target, target_in_live=t_in_live,
                 idx=window.idx[live], pos=window.pos, doc=window.doc, targets=targets,
-                documents=int(torch.unique(window.doc).numel()))
+                documents=int(torch.unique(window.doc).numel()), segments=segments,
+                target_segments=list(zip([0] + cuts[:-1], cuts)))
+
+
+SEGMENT = 128  # positions per attention segment: whole documents, grouped up to this length
+
+
+def document_segments(doc: Tensor, size: int = SEGMENT) -> list[tuple[int, int]]:
+    """Consecutive runs [s, e) of whole documents, each up to `size` positions (or one longer
+    document): no query attends across a run's edge, so attention runs run by run."""
+    n = doc.shape[0]
+    starts = ([0] + (torch.nonzero(doc[1:] != doc[:-1]).flatten() + 1).tolist()) if n else []
+    segments, s = [], 0
+    for a, b in zip(starts, starts[1:] + [n]):
+        if b - s > size and a > s:
+            segments.append((s, a))
+            s = a
+    return segments + ([(s, n)] if n > s else [])
 
 
 def projected_pairs(pos: Tensor, queries: Tensor | None = None) -> int:
@@ -120,8 +144,8 @@ def base_loss(model: GPT, window) -> Tensor:
 def pruned_loss(model: GPT, p: Plan, ran: dict | None = None) -> Tensor:
     """The pruned step's loss (rules A and B), every op on the rows it needs, forward and backward.
 
-    (1, n, C) over the live rows through all blocks but the last (the model's own blocks, with
-    the mask and RoPE tables of those rows), then (1, t, C) over T. ran: filled with what ran
+    (1, n, C) over the live rows through all blocks but the last (the model's own layers, RoPE
+    at the rows' in-document positions, attention by segments), then (1, t, C) over T. ran: filled with what ran
     (rows through the blocks, rows through the head, query-key pairs the last attention scored).
     """
     check_prunable(model)
@@ -129,26 +153,46 @@ def pruned_loss(model: GPT, p: Plan, ran: dict | None = None) -> Tensor:
     C, H = cfg.dim, cfg.n_heads
     pos_live = p.pos[p.live][None]  # (1, n) in-document positions: RoPE as unpruned
     cos, sin = rope_tables(pos_live, C // H, cfg.rope_base, model.embed.weight.dtype)
-    # live rows keep their order, so causal order inside a document is the window's
-    ctx = AttnContext(cos=cos, sin=sin, mask=doc_causal_mask(p.doc[p.live][None]), pos=pos_live)
+    # live rows keep their order, so causal order inside a document is the window's; attention
+    # runs segment by segment (whole documents), each with its block of the document-causal mask
+    doc_live = p.doc[p.live]
+    masks = [doc_causal_mask(doc_live[None, s:e]) for s, e in p.segments]  # (1, 1, L, L) per segment
+    t = p.target_in_live
+    t_masks = [m[:, :, t[a:b] - s] for m, (s, _), (a, b) in zip(masks, p.segments, p.target_segments)]
     x = model.embed(p.idx[None])  # (1, n, C): rule A, only the live tokens
     for block in model.blocks[:-1]:
-        x = block(x, ctx)
+        a = block.attn
+        q, k, v = a.qkv(block.norm1(x)).chunk(3, dim=-1)
+        q, k = apply_rope(a.heads(q), cos, sin), apply_rope(a.heads(k), cos, sin)
+        x = x + a.proj(segment_attention(q, k, a.heads(v), p.segments, p.segments, masks))
+        x = x + block.mlp(block.norm2(x))
 
-    block, t = model.blocks[-1], p.target_in_live  # rule B: keys and values on n rows, the rest on T
+    block = model.blocks[-1]  # rule B: keys and values on n rows, the rest on T
     a, w, b = block.attn, block.attn.qkv.weight, block.attn.qkv.bias
     h = block.norm1(x)
     q = F.linear(h[:, t], w[:C], b[:C])  # (1, t, C)
     k, v = F.linear(h, w[C:], b[C:]).chunk(2, dim=-1)  # (1, n, C) each
     q = apply_rope(a.heads(q), cos[:, t], sin[:, t])
     k = apply_rope(a.heads(k), cos, sin)
-    x = x[:, t] + a.proj(a.attend(q, k, a.heads(v), ctx, q_rows=t))  # (1, t, C)
+    x = x[:, t] + a.proj(segment_attention(q, k, a.heads(v), p.target_segments, p.segments, t_masks))  # (1, t, C)
     x = x + block.mlp(block.norm2(x))
     logits = model.head(model.norm(x))[0]  # (t, vocab)
     if ran is not None:
-        ran.update(live=h.shape[1], kept=logits.shape[0],
-                   projected=int(ctx.mask[:, :, t].sum()))
+        ran.update(live=h.shape[1], kept=logits.shape[0], projected=sum(int(m.sum()) for m in t_masks))
     return F.cross_entropy(logits, p.targets)  # mean over |T|, as the unpruned step's
+
+
+def segment_attention(q: Tensor, k: Tensor, v: Tensor, q_segments: list, k_segments: list, masks: list) -> Tensor:
+    """Document-causal attention run segment by segment: (1, H, rows, D) queries and keys, the
+    queries of q_segments[i] against the keys of k_segments[i] under masks[i]; (1, rows, H*D) out.
+
+    No query sees a key outside its segment (segments are whole documents), so the pairs skipped
+    are pairs the mask hides: SDPA's own kernel (with its backward) on each block of the diagonal."""
+    ys = [F.scaled_dot_product_attention(q[:, :, a:b], k[:, :, s:e], v[:, :, s:e], attn_mask=m)
+          for (a, b), (s, e), m in zip(q_segments, k_segments, masks) if b > a]
+    y = torch.cat(ys, dim=2)  # (1, H, rows, D)
+    B, H, T, D = y.shape
+    return y.transpose(1, 2).reshape(B, T, H * D)
 
 
 # ----------------------------------------------------------------------------- FLOPs
@@ -170,14 +214,17 @@ def plan_flops(cfg, p: Plan) -> dict:
     C, M, V, L = cfg.dim, cfg.mlp_mult * cfg.dim, cfg.vocab, cfg.n_blocks
     N, n, t = p.positions, len(p.live), len(p.target)
 
-    def block(rows):
+    def linears(rows):
         return (_linear_flops(rows, C, 3 * C) + _linear_flops(rows, C, C) + _linear_flops(rows, C, M)
-                + _linear_flops(rows, M, C) + _attention_flops(rows, rows, C))
+                + _linear_flops(rows, M, C))
 
-    base = L * block(N) + _linear_flops(N, C, V)
-    last = (_linear_flops(n, C, 2 * C) + _linear_flops(t, C, C) + _attention_flops(t, n, C) + _linear_flops(t, C, C)
+    base = L * (linears(N) + _attention_flops(N, N, C)) + _linear_flops(N, C, V)
+    attention = sum(_attention_flops(e - s, e - s, C) for s, e in p.segments)
+    last_attention = sum(_attention_flops(b - a, e - s, C) for (a, b), (s, e) in zip(p.target_segments, p.segments)
+                         if b > a)
+    last = (_linear_flops(n, C, 2 * C) + _linear_flops(t, C, C) + last_attention + _linear_flops(t, C, C)
             + _linear_flops(t, C, M) + _linear_flops(t, M, C) + _linear_flops(t, C, V))
-    return {"base": base, "pruned": (L - 1) * block(n) + last}
+    return {"base": base, "pruned": (L - 1) * (linears(n) + attention) + last}
 
 
 def _cpu_flash_flops(q, k, v, *args, out_shape=None, **kwargs) -> int:

@@ -16,7 +16,7 @@ from seamkit.report import load_report, validate
 from seamkit.train import make_optimizer
 
 sys.path.insert(0, str(Path(__file__).parent))
-from test_prune import WINDOWS  # noqa: E402
+from test_prune import WINDOWS, one_target_dropped  # noqa: E402
 
 torch.set_num_threads(1)
 
@@ -73,8 +73,7 @@ def test_compare_is_zero_on_the_same_step_and_fails_on_planted_faults(stepper):
 
 def test_one_target_too_many_pruned_makes_loss_delta_nonzero(stepper):
     w = WINDOWS["random"]()
-    p = prune.plan(w)
-    bad = dataclasses.replace(p, target=p.target[1:], target_in_live=p.target_in_live[1:], targets=p.targets[1:])
+    bad = one_target_dropped(w)
     ref = stepper.step(check.mode_loss("base", w))
     got = stepper.step(lambda m: prune.pruned_loss(m, bad))
     assert check.compare(ref, got)["loss_delta"] > 0

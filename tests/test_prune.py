@@ -49,6 +49,13 @@ WINDOWS = {
 }
 
 
+def one_target_dropped(w: Window) -> prune.Plan:
+    """A faulty plan: the window's first target left out of T."""
+    mask = w.loss_mask.clone()
+    mask[mask.nonzero()[0]] = False
+    return prune.plan(dataclasses.replace(w, loss_mask=mask))
+
+
 @pytest.fixture(scope="module")
 def model():
     torch.manual_seed(0)
@@ -83,6 +90,21 @@ def test_plan_indices_and_counts():
     assert p.stats == {"positions": w.positions, "live": int(live.sum()), "dropped": w.positions - int(live.sum()),
                        "targets": int(w.loss_mask.sum())}
     assert prune.projected_pairs(w.pos) == sum(L * (L + 1) // 2 for L in [40, 25, 1, 60, 30])
+
+
+def test_document_segments():
+    doc = torch.tensor([0] * 50 + [1] * 60 + [2] * 30 + [3] * 200 + [4] * 10)
+    assert prune.document_segments(doc, size=128) == [(0, 110), (110, 140), (140, 340), (340, 350)]
+    assert prune.document_segments(doc[:0]) == []
+    p = prune.plan(WINDOWS["long"]())
+    starts = [s for s, _ in p.segments]
+    assert p.segments[0][0] == 0 and p.segments[-1][1] == len(p.live)
+    assert all(e == s2 for (_, e), (s2, _) in zip(p.segments, p.segments[1:]))  # a partition of the live rows
+    doc_live = p.doc[p.live]
+    assert all(doc_live[s - 1] != doc_live[s] for s in starts[1:])  # never inside a document
+    t = p.target_in_live
+    assert all(bool(((t[a:b] >= s) & (t[a:b] < e)).all()) for (a, b), (s, e) in zip(p.target_segments, p.segments))
+    assert sum(b - a for a, b in p.target_segments) == len(t)
 
 
 def test_refuses_where_not_exact(model):
@@ -183,8 +205,7 @@ def test_planted_fault_one_target_too_many_pruned(model):
     m = GPT(model.cfg).double()
     m.load_state_dict(model.state_dict())
     w = WINDOWS["random"]()
-    p = prune.plan(w)
-    bad = dataclasses.replace(p, target=p.target[1:], target_in_live=p.target_in_live[1:], targets=p.targets[1:])
+    bad = one_target_dropped(w)
     loss_b, _ = grads_of(m, lambda: prune.base_loss(m, w))
     loss_p, _ = grads_of(m, lambda: prune.pruned_loss(m, bad))
     assert abs(float(loss_b - loss_p)) > 1e-6
