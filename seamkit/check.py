@@ -272,16 +272,19 @@ def token_probe(stepper: Stepper, window, rows: torch.Tensor) -> dict:
                    stepper.step(lambda m: prune.base_loss(m, changed)))
 
 
-def query_side_probe(stepper: Stepper, window, rows: torch.Tensor) -> dict:
+QUERY_SIDE = ("queries", "mlp_input")  # where the rule-B probe changes the last block
+
+
+def query_side_probe(stepper: Stepper, window, rows: torch.Tensor, parts=QUERY_SIDE) -> dict:
     """The four differences between the unpruned step with 0.0 and with 1.0 added at `rows` to the
-    last block's queries and MLP input. The baseline runs with the same hooks adding 0.0: a hook
-    adds autograd nodes, and the order in which gradient contributions are summed follows the graph."""
-    return compare(*(query_side_step(stepper, window, rows, delta) for delta in (0.0, 1.0)))
+    last block's queries and MLP input (`parts`). The baseline runs with the same hooks adding 0.0: a
+    hook adds autograd nodes, and the order in which gradient contributions are summed follows the graph."""
+    return compare(*(query_side_step(stepper, window, rows, delta, parts) for delta in (0.0, 1.0)))
 
 
-def query_side_step(stepper: Stepper, window, rows: torch.Tensor, delta: float) -> StepResult:
+def query_side_step(stepper: Stepper, window, rows: torch.Tensor, delta: float, parts=QUERY_SIDE) -> StepResult:
     """The unpruned step with `delta` added, at `rows`, to the last block's queries and to the
-    input of its MLP's norm (hooks)."""
+    input of its MLP's norm (hooks), as `parts` says."""
     block, C = stepper.model.blocks[-1], stepper.model.cfg.dim
 
     def queries(mod, args, y):
@@ -294,7 +297,8 @@ def query_side_step(stepper: Stepper, window, rows: torch.Tensor, delta: float) 
         x[:, rows] += delta
         return (x,)
 
-    hooks = [block.attn.qkv.register_forward_hook(queries), block.norm2.register_forward_pre_hook(mlp_input)]
+    hooks = ([block.attn.qkv.register_forward_hook(queries)] if "queries" in parts else []) + \
+        ([block.norm2.register_forward_pre_hook(mlp_input)] if "mlp_input" in parts else [])
     try:
         return stepper.step(lambda m: prune.base_loss(m, window))
     finally:

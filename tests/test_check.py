@@ -157,7 +157,8 @@ def test_rule_probes_can_fail(stepper, name):
     in_t[p.target] = True
     context &= ~in_t
     assert check.token_probe(stepper, w, context)["loss_delta"] > 0
-    assert check.query_side_probe(stepper, w, in_t)["loss_delta"] > 0
+    for part in check.QUERY_SIDE:  # each hook on its own, so neither can be a no-op
+        assert check.query_side_probe(stepper, w, in_t, parts=(part,))["loss_delta"] > 0, part
 
 
 # ----------------------------------------------------------------------------- the study and its report
