@@ -33,7 +33,8 @@ def build_config(args) -> C.RunConfig:
                       ("max_steps", "train.max_steps"), ("objective", "seams.objective"), ("seams", "seams.seams"),
                       ("stages", "seams.stages"), ("windows", "prune.windows"), ("samples", "prune.samples"),
                       ("policy", "prune.policy"), ("dtype", "prune.dtype"), ("repeats", "seams.repeats"),
-                      ("order", "seams.order"), ("schedule", "train.schedule")):
+                      ("order", "seams.order"), ("schedule", "train.schedule"), ("exact", "prune.exact"),
+                      ("reference", "prune.reference")):
         value = getattr(args, flag, None)
         if value is not None:
             ov[key] = value
@@ -193,6 +194,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--samples", type=int, help="prune.samples")
     p.add_argument("--policy", help="loss policy: all, completion or random:<p>")
     p.add_argument("--dtype", choices=("float32", "float64"), help="prune.dtype")
+    p.add_argument("--exact", choices=("arithmetic", "bitwise"),
+                   help="prune.exact: arithmetic (default; float64 within 1e-12) or bitwise (this CPU's bits, slower)")
+    p.add_argument("--reference", choices=("inductor", "eager"),
+                   help="prune.reference: inductor (default; a failed compile stops the run) or eager")
     p.add_argument("--out", default="reports/pruning.json", help="report path")
     p.set_defaults(fn=cmd_prune_check)
 

@@ -149,7 +149,9 @@ class PruneConfig:
     policy: str = "completion"  # loss policy: all, completion or random:<p>
     split: str = "test"  # held-out split the windows come from
     dtype: str = "float32"  # float32 or float64 (the 1e-12 check)
-    compile_reference: bool = True  # reference = torch.compile of the unpruned step
+    compile_reference: bool = True  # false: the same as reference="eager"
+    reference: str = "inductor"  # inductor: torch.compile of the unpruned step; eager: the eager step, asked for
+    exact: str = "arithmetic"  # arithmetic: pruned on every op (float64 within 1e-12); bitwise: CPU bits, slower
 
     def __post_init__(self):
         _positive("prune", windows=self.windows, samples=self.samples)
@@ -160,6 +162,10 @@ class PruneConfig:
             raise ConfigError(f"prune.split must be train, val or test, got {self.split!r}")
         if self.dtype not in ("float32", "float64"):
             raise ConfigError(f"prune.dtype must be float32 or float64, got {self.dtype!r}")
+        if self.reference not in ("inductor", "eager"):
+            raise ConfigError(f"prune.reference must be inductor or eager, got {self.reference!r}")
+        if self.exact not in ("arithmetic", "bitwise"):
+            raise ConfigError(f"prune.exact must be arithmetic or bitwise, got {self.exact!r}")
 
 
 def check_policy(policy: str) -> float | None:

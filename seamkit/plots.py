@@ -216,6 +216,22 @@ def pruning_memory_figure(report: dict, key: str = "allocated_GiB") -> go.Figure
                       "font": {"size": 9}}] if what else [])
 
 
+def pruning_flops_figure(report: dict) -> go.Figure:
+    """Per window: the measured speed-up beside the FLOP ceilings, measured (FlopCounterMode:
+    base FLOPs / pruned FLOPs as they ran) and the plan's (prune.plan_flops)."""
+    wins = [w for w in report.get("windows", []) if "flops" in w]
+    x = [f"window {w['window']}" for w in wins]
+    fig = go.Figure()
+    for name, ys, color in (("speed-up (measured time)", [w["speedup"] for w in wins], PRUNE_MODE_COLORS["prune_exact"]),
+                            ("FLOP ceiling (measured FLOPs)", [w["flops"]["ceiling"] for w in wins], "#00cc96"),
+                            ("FLOP ceiling (plan)", [w["flops"]["plan_ceiling"] for w in wins], "#ab63fa")):
+        fig.add_trace(go.Bar(name=name, x=x, y=ys, marker_color=color))
+    fig.add_hline(y=1.0, line_dash="dot", line_color="black")
+    fig.update_layout(barmode="group", template="plotly_white", yaxis_title="x base",
+                      title=f"speed-up and FLOP ceilings ({report.get('exact', 'bitwise')} pruned step, every cost timed)")
+    return fig
+
+
 def pruning_pattern_grid(pattern: dict) -> tuple[list[str], list[list[int]]]:
     """Layers by positions, each cell an index into PRUNE_KINDS, from a report's `pattern`."""
     L, kinds = pattern["n_blocks"], pattern["kind"]
@@ -249,6 +265,8 @@ def pruning_pattern_figure(report: dict) -> go.Figure:
 def pruning_figures(report: dict) -> dict[str, go.Figure]:
     """Every pruning figure of a report, by name."""
     figs = {"speed": pruning_speed_figure(report), "memory": pruning_memory_figure(report)}
+    if any("flops" in w for w in report.get("windows", [])):
+        figs["flops"] = pruning_flops_figure(report)
     if "pattern" in report:
         figs["pattern"] = pruning_pattern_figure(report)
     return figs

@@ -1,4 +1,4 @@
-"""Exact pruning of a training step: the liveness rules and the pruned step.
+"""Exact pruning of a training step: the liveness rules, the plan and the pruned step.
 
 Follows shared/reference/pruning_report.json. A window holds positions 0..N-1 of whole
 documents with document-causal attention; T is the set of positions whose next-token target
@@ -12,31 +12,20 @@ is in the loss mask.
   attention output, output projection, MLP, final norm, LM head and cross-entropy only for T.
   The loss keeps the denominator |T| and RoPE keeps the original in-document positions.
 
-"Exact" means bit for bit: the pruned step's loss, gradients, update and optimizer state
-equal the unpruned step's (`base_loss`) with torch.equal. Work done per row gives the same
-bits on fewer rows, with two caveats measured on this CPU (MKL, AVX2): a GEMM gives other
-bits to rows of a thread that holds 1-3 rows (`min_gemm_rows`), and the flash-attention
-kernel to query blocks of 1-3 rows (`attention_calls`). Work that sums over positions is
-where pruning could change bits, and each such sum is done the unpruned way:
+The pruned step here (`pruned_loss`, the default, `--exact arithmetic`) runs every op, forward
+and backward, only on the rows it needs: the model's blocks on the n live rows, then the last
+block's queries on T against the live keys. Attention runs segment by segment (`segments`: runs
+of whole documents up to SEGMENT positions), each an SDPA call with its block of the
+document-causal mask, so it scores only pairs inside a segment, forward and backward; SDPA with
+a boolean mask has a backward on CPU and CUDA alike (the issue's "SDPA over packed documents").
+Nothing is calibrated and nothing is cached: the plan is built inside the step. It is exact in
+arithmetic: every sum has the unpruned step's terms minus exact zeros (pairs the mask hides, rows
+that reach no loss), so in float64 it stays within 1e-12 of `base_loss` (measured ~1e-15) and in
+float32 it differs by rounding, as any reordered sum does. `seamkit.prune_bitwise` is the opt-in
+(`--exact bitwise`) step that keeps the unpruned step's bits on this CPU, at a cost.
 
-- weight gradients: the unpruned step adds exact zeros for pruned rows. Bias and norm-weight
-  sums run over all N rows with those zeros put back (O(N*dim)). A weight-gradient GEMM is
-  split by the BLAS into blocks of tokens, each a multiply-add chain, the blocks added in
-  order; a zero row is a no-op in its chain, so one GEMM per block over the kept rows, added
-  in the same order, gives the same sums (`gemm_blocks`, checked by `calibrate_gemm`);
-- attention: keys and values stay at all N positions, zero where rule A dropped them (masked
-  for every live query). Forward, query rows are independent, and a key block the mask hides
-  from a row changes none of its bits, so only the kept queries run, each over its document's
-  key blocks. Backward sums over query and key blocks; it runs on all N rows, pruned rows
-  with a zero output gradient, as in the unpruned step;
-- the embedding gradient adds rows in position order: the kept rows alone give its bits;
-- the loss: nll_loss sums in a cascade that follows the row index over all N rows.
-
-Each shortcut that depends on the BLAS or kernel is tried on random data once per window
-(`calibrate`, like compiling) and replaced by its all-rows form where it does not reproduce
-the bits. Each sum is an autograd Function below that mirrors the aten backward of the
-unpruned op, in the same order. Dropout would draw its masks over fewer positions, so
-pruning refuses dropout > 0.
+`plan_flops` says what the rules promise in FLOPs (the formulas of
+torch.utils.flop_counter); `measured_flops` counts what a step ran with FlopCounterMode.
 """
 
 from __future__ import annotations
@@ -46,9 +35,12 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.utils import flop_counter
 
 from .config import SeamkitError
 from .model import GPT, IGNORE, apply_rope, doc_causal_mask, lm_loss, rope_tables
+
+EXACT = ("arithmetic", "bitwise")  # the pruned step's exactness modes; arithmetic is the default
 
 
 class PruneError(SeamkitError, ValueError):
@@ -86,7 +78,9 @@ class Plan:
     doc: Tensor  # (N,) document ids of the whole window (the attention mask)
     targets: Tensor  # (t,) next-token ids of T
     documents: int  # documents in the window
-    blocks: dict = field(default_factory=dict)  # what `calibrate` found: GEMM token blocks, attention calls
+    segments: list = field(default_factory=list)  # [(s, e)] runs of whole documents in `live`, for attention
+    target_segments: list = field(default_factory=list)  # [(a, b)] the slice of T inside each segment
+    blocks: dict = field(default_factory=dict)  # bitwise mode: what prune_bitwise.calibrate found
 
     @property
     def stats(self) -> dict:
@@ -107,9 +101,29 @@ def plan(window) -> Plan:
     targets = window.targets[target]
     if bool((targets == IGNORE).any()):
         raise PruneError("a position in the loss mask has target IGNORE")
-    return Plan(positions=int(window.idx.shape[0]), live=live, target=target, target_in_live=rank[target],
+    t_in_live = rank[target]
+    segments = document_segments(window.doc[live])
+    cuts = torch.searchsorted(t_in_live, torch.tensor([e for _, e in segments], device=t_in_live.device)).tolist()
+    return Plan(positions=int(window.idx.shape[0]), live=live, target=target, target_in_live=t_in_live,
                 idx=window.idx[live], pos=window.pos, doc=window.doc, targets=targets,
-                documents=int(torch.unique(window.doc).numel()))
+                documents=int(torch.unique(window.doc).numel()), segments=segments,
+                target_segments=list(zip([0] + cuts[:-1], cuts)))
+
+
+SEGMENT = 128  # positions per attention segment: whole documents, grouped up to this length
+
+
+def document_segments(doc: Tensor, size: int = SEGMENT) -> list[tuple[int, int]]:
+    """Consecutive runs [s, e) of whole documents, each up to `size` positions (or one longer
+    document): no query attends across a run's edge, so attention runs run by run."""
+    n = doc.shape[0]
+    starts = ([0] + (torch.nonzero(doc[1:] != doc[:-1]).flatten() + 1).tolist()) if n else []
+    segments, s = [], 0
+    for a, b in zip(starts, starts[1:] + [n]):
+        if b - s > size and a > s:
+            segments.append((s, a))
+            s = a
+    return segments + ([(s, n)] if n > s else [])
 
 
 def projected_pairs(pos: Tensor, queries: Tensor | None = None) -> int:
@@ -117,387 +131,6 @@ def projected_pairs(pos: Tensor, queries: Tensor | None = None) -> int:
     position i sees i + 1 keys. queries: window positions whose queries are computed (None: all)."""
     p = pos if queries is None else pos[queries]
     return int((p + 1).sum())
-
-
-# ----------------------------------------------------------------------------- exact weight-gradient GEMMs
-
-_CANDIDATE_BLOCKS = (192, 256, 128, 96, 384, 512, 64)  # token-block sizes tried, most likely first
-_calibrated: dict = {}
-
-
-def gemm_blocks(N: int, kc: int) -> list[tuple[int, int]]:
-    """Token blocks [a, b) a BLAS splits a K=N reduction into, for block size kc.
-
-    The shape measured for MKL's sgemm here: one chain up to kc; up to 2*kc, two halves of
-    N//2 (and one odd row); beyond, blocks of kc from the start.
-    """
-    if N <= kc:
-        return [(0, N)]
-    if N <= 2 * kc:
-        h = N // 2
-        return [(0, h), (h, 2 * h)] + ([(2 * h, N)] if 2 * h < N else [])
-    return [(a, min(a + kc, N)) for a in range(0, N, kc)]
-
-
-def _spans(rows: Tensor, bounds: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    """Compact slices [s, e) of the kept rows falling in each token block; empty blocks left out."""
-    cuts = torch.searchsorted(rows.cpu(), torch.tensor([a for a, _ in bounds] + [bounds[-1][1]])).tolist()
-    return [(s, e) for s, e in zip(cuts[:-1], cuts[1:]) if e > s]
-
-
-def _full_wgrad(x_c: Tensor, g_c: Tensor, rows: Tensor, N: int) -> Tensor:
-    """(out, in) = g^T x over all N rows, zeros where no row is kept: the unpruned step's sums."""
-    xf = x_c.new_zeros(N, x_c.shape[-1]).index_copy_(0, rows, x_c)
-    gf = g_c.new_zeros(N, g_c.shape[-1]).index_copy_(0, rows, g_c)
-    return gf.t().mm(xf)
-
-
-def _blocked_wgrad(x_c: Tensor, g_c: Tensor, spans: list[tuple[int, int]]) -> Tensor:
-    """The same sums as `_full_wgrad`, one GEMM per token block over its kept rows, added in order."""
-    acc = None
-    for s, e in spans:  # addmm_ rounds the block's chain, then adds it: the BLAS's own order
-        acc = g_c[s:e].t().mm(x_c[s:e]) if acc is None else acc.addmm_(g_c[s:e].t(), x_c[s:e])
-    return x_c.new_zeros(g_c.shape[-1], x_c.shape[-1]) if acc is None else acc
-
-
-def calibrate_gemm(N: int, out_f: int, in_f: int, dtype: torch.dtype, device, rows: Tensor) -> int | None:
-    """The token-block size kc for which `_blocked_wgrad` reproduces `_full_wgrad` bit for bit.
-
-    Tried on random data with the given kept rows and with every row kept; cached per shape,
-    dtype, device, thread count and row pattern. None: no candidate does; use all N rows.
-    """
-    key = (N, out_f, in_f, dtype, str(device), torch.get_num_threads(), rows.cpu().numpy().tobytes())
-    if key in _calibrated:
-        return _calibrated[key]
-    g = torch.Generator(device="cpu").manual_seed(N)
-    every = torch.arange(N, device=device)
-    probes = []
-    for r in (rows, every):
-        x = torch.randn(len(r), in_f, generator=g, dtype=dtype).to(device)
-        y = torch.randn(len(r), out_f, generator=g, dtype=dtype).to(device)
-        probes.append((x, y, r, _full_wgrad(x, y, r, N)))
-    found = None
-    for kc in _CANDIDATE_BLOCKS:
-        bounds = gemm_blocks(N, kc)
-        if all(torch.equal(_blocked_wgrad(x, y, _spans(r, bounds)), full) for x, y, r, full in probes):
-            found = kc
-            break
-    _calibrated[key] = found
-    return found
-
-
-def calibrate(model: GPT, p: Plan, blocked: bool = True) -> Plan:
-    """Decide, by trying them on random data, which shortcuts of the pruned step are bit exact here.
-
-    Every weight-gradient GEMM: can it run over the kept rows only (`calibrate_gemm`)? The
-    attention: can it run the kept query rows over their documents' key blocks only
-    (`attention_calls`)? Where not, the pruned step uses the all-rows form, exact by
-    construction. Done once per window before timing, like compiling; `blocked=False` uses
-    the all-rows forms everywhere.
-    """
-    cfg, dt, dev = model.cfg, model.head.weight.dtype, model.head.weight.device
-    C, Mh = cfg.dim, cfg.mlp_mult * cfg.dim
-    shapes = {"live": [(3 * C, C), (C, C), (Mh, C), (C, Mh)] if cfg.n_blocks > 1 else [(3 * C, C)],
-              "target": [(C, C), (Mh, C), (C, Mh), (cfg.vocab, C)]}
-    for name, rows in (("live", p.live), ("target", p.target)):
-        for out_f, in_f in shapes[name]:
-            kc = calibrate_gemm(p.positions, out_f, in_f, dt, dev, rows) if blocked else None
-            p.blocks[(name, out_f, in_f)] = None if kc is None else _spans(rows, gemm_blocks(p.positions, kc))
-    for name, rows in (("live", p.live), ("target", p.target)):
-        p.blocks[("attention", name)] = (_calibrate_attention(p, rows, cfg.n_heads, C // cfg.n_heads, dt, dev)
-                                         if blocked else None)
-    return p
-
-
-def _calibrate_attention(p: Plan, rows: Tensor, H: int, D: int, dtype, device) -> list | None:
-    """`attention_calls` for these query rows, if they reproduce the all-rows kernel's bits here."""
-    if torch.device(device).type != "cpu":
-        return None
-    N = p.positions
-    calls = attention_calls(rows, p.pos, N)
-    g = torch.Generator(device="cpu").manual_seed(N + 1)
-    q, k, v = (torch.randn(1, H, N, D, generator=g, dtype=dtype).to(device) for _ in range(3))
-    mask = float_mask(doc_causal_mask(p.doc[None]), dtype)
-    ref, ref_lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, False, attn_mask=mask)
-    only = torch.zeros(N, dtype=torch.bool, device=device)
-    only[rows] = True
-    got, got_lse = _flash_rows(q * only[:, None].to(dtype), k, v, mask, with_masks(calls, mask))
-    same = (torch.equal(got.index_select(2, rows), ref.index_select(2, rows))
-            and torch.equal(got_lse.index_select(2, rows), ref_lse.index_select(2, rows)))
-    return calls if same else None
-
-
-class Rows:
-    """Which of the window's N positions a compact tensor holds, and how to go between the two.
-
-    `expand` puts compact rows back at their N positions with exact zeros elsewhere (a
-    gather from the compact rows times a 0/1 mask: cheaper than zeros + index_copy_);
-    `gather` takes the kept rows of a full tensor; `wgrad` is a weight gradient as the
-    unpruned step sums it (see `calibrate`).
-    """
-
-    def __init__(self, index: Tensor, N: int, name: str, blocks: dict, dtype: torch.dtype):
-        self.index, self.N, self.name, self.blocks = index, N, name, blocks
-        keep = torch.zeros(N, dtype=torch.bool, device=index.device)
-        keep[index] = True
-        self.inv = (torch.cumsum(keep.long(), 0) - 1).clamp_(min=0)  # compact row of each position
-        self.keep = keep.to(dtype)
-
-    def expand(self, x_c: Tensor, dim: int) -> Tensor:
-        """x_c (k rows along dim) at its N positions, zeros elsewhere; a new tensor."""
-        if self.N == len(self.index):
-            return x_c.clone()
-        if dim == 2 and x_c.dim() == 4:  # (1, H, k, D): gather along the (contiguous) rows of (1, k, H, D)
-            y = x_c.transpose(1, 2).index_select(1, self.inv)
-            return y.mul_(self.keep[:, None, None]).transpose(1, 2)
-        y = x_c.index_select(dim, self.inv)
-        return y.mul_(self.keep.view([-1] + [1] * (x_c.dim() - dim - 1)))
-
-    def gather(self, x: Tensor, dim: int) -> Tensor:
-        return x.index_select(dim, self.index)
-
-    def wgrad(self, x_c: Tensor, g_c: Tensor) -> Tensor:
-        """The unpruned step's weight gradient (out, in) from the kept rows (k, in), (k, out)."""
-        spans = self.blocks.get((self.name, g_c.shape[-1], x_c.shape[-1]))
-        if spans is None:
-            return _full_wgrad(x_c, g_c, self.index, self.N)
-        return _blocked_wgrad(x_c, g_c, spans)
-
-
-# ----------------------------------------------------------------------------- exact row-subset ops
-
-def min_gemm_rows() -> int:
-    """Fewest rows for which a GEMM's row results do not depend on the row count.
-
-    Measured here: MKL's sgemm computes rows in tiles of 4 and gives a thread's last 1-3
-    rows other bits when the thread has fewer than 4 rows in all; with T threads, 4 (T + 1)
-    rows keep every thread in the common path.
-    """
-    return 4 * (torch.get_num_threads() + 1)
-
-
-def _rows_fn(fn, x: Tensor, rows: "Rows") -> Tensor:
-    """fn over the kept rows (dim -2) of x, on the unpruned GEMM's row-count path.
-
-    Below `min_gemm_rows` rows x is padded with zero rows up to it; where the unpruned GEMM
-    itself has fewer rows than that, x runs at its N positions, as it does there.
-    """
-    k, m = x.shape[-2], min_gemm_rows()
-    if k >= m or x.device.type != "cpu":
-        return fn(x)
-    if rows.N < m:
-        return rows.gather(fn(rows.expand(x, x.dim() - 2)), x.dim() - 2)
-    pad = torch.cat([x, x.new_zeros(*x.shape[:-2], m - k, x.shape[-1])], -2)
-    return fn(pad).narrow(-2, 0, k)
-
-
-def _linear(x: Tensor, weight: Tensor, bias: Tensor | None, rows: "Rows") -> Tensor:
-    """F.linear over kept rows, exact whatever their number."""
-    return _rows_fn(lambda z: F.linear(z, weight, bias), x, rows)
-
-
-def _linear_grads(ctx, x, weight, g_c, g_full):
-    """Input, weight and bias gradients of F.linear as the unpruned step's addmm backward forms
-    them: dx = g W, dW = g^T x, db = the column sums of g over all N rows."""
-    rows = ctx.rows
-    g2, x2 = g_c.reshape(-1, g_c.shape[-1]), x.reshape(-1, x.shape[-1])
-    dx = _rows_fn(lambda z: z.mm(weight), g2, rows).view(x.shape) if ctx.needs_input_grad[0] else None
-    dw = rows.wgrad(x2, g2) if ctx.needs_input_grad[1] else None
-    db = None
-    if ctx.has_bias and ctx.needs_input_grad[2]:
-        db = g_full.reshape(-1, g_full.shape[-1]).sum(0)
-    return dx, dw, db
-
-
-def _norm_weight_grads(ctx, dh, x_hat, norm_weight):
-    """Through x_hat * norm_weight (an RMSNorm's weight): autograd's mul backward, the weight's
-    gradient summed (sum_to) over the batch and all N positions."""
-    if norm_weight is None:
-        return dh, None
-    full = ctx.rows.expand(dh * x_hat, x_hat.dim() - 2)
-    dw = full.view(1, -1, full.shape[-1]).sum((0, 1), keepdim=True).view(norm_weight.shape)
-    return dh * norm_weight, dw
-
-
-class _Linear(torch.autograd.Function):
-    """F.linear(x_hat * norm_weight) on the kept rows (1, k, in) -> (1, k, out).
-
-    norm_weight: the weight of the RMSNorm whose normalized output x_hat is the input (None:
-    no norm). gather_in: the input comes at all N positions, the kept rows are taken first.
-    to_all: the output goes back to all N positions (zeros elsewhere), as attention wants its
-    keys; the gradient then comes back there and the bias sums it as it is.
-    """
-
-    @staticmethod
-    def forward(ctx, x, weight, bias, norm_weight, rows: Rows, gather_in: bool, to_all: bool):
-        d = x.dim() - 2  # the positions' dim
-        if gather_in:
-            x = rows.gather(x, d)
-        h = x if norm_weight is None else x * norm_weight
-        ctx.save_for_backward(x, h, weight, norm_weight)
-        ctx.rows, ctx.has_bias, ctx.gather_in, ctx.to_all = rows, bias is not None, gather_in, to_all
-        y = _linear(h, weight, bias, rows)
-        return rows.expand(y, d) if to_all else y
-
-    @staticmethod
-    def backward(ctx, g):
-        x, h, weight, norm_weight = ctx.saved_tensors
-        rows, d = ctx.rows, g.dim() - 2
-        if ctx.to_all:
-            g_full, g = g, rows.gather(g, d)
-        else:
-            g_full = rows.expand(g, d) if ctx.has_bias and ctx.needs_input_grad[2] else None
-        dh, dw, db = _linear_grads(ctx, h, weight, g, g_full)
-        dx, dnw = _norm_weight_grads(ctx, dh, x, norm_weight) if dh is not None else (None, None)
-        if ctx.gather_in and dx is not None:
-            dx = rows.expand(dx, d)
-        return dx, dw, db, dnw, None, None, None
-
-
-def linear(x: Tensor, layer: torch.nn.Linear, rows: Rows, norm: torch.nn.RMSNorm | None = None,
-           gather_in: bool = False, to_all: bool = False) -> Tensor:
-    """layer(norm(x)) on the kept rows; with a norm, x is its input (normalized here by F.rms_norm)."""
-    if norm is not None:
-        x = F.rms_norm(x, (x.shape[-1],), None, norm.eps)  # the composite's x * rsqrt(mean(x^2) + eps)
-    return _Linear.apply(x, layer.weight, layer.bias, None if norm is None else norm.weight, rows,
-                         gather_in, to_all)
-
-
-class _LastQKV(torch.autograd.Function):
-    """The last block's norm1 weight and qkv: queries for the target rows (1, t, C) only, keys
-    and values for every live row, returned at all N positions (1, N, 2C).
-
-    Backward rebuilds the (live, 3C) gradient with zero query rows outside T, so the input
-    gradient is one GEMM over 3C and the weight gradient one over the tokens, as unpruned.
-    """
-
-    @staticmethod
-    def forward(ctx, x_hat, norm_weight, weight, bias, t_in_live, live: Rows, live_t: Rows, tgt: Rows):
-        C = x_hat.shape[-1]
-        h = x_hat * norm_weight
-        ctx.save_for_backward(x_hat, h, weight, norm_weight)
-        ctx.rows, ctx.live_t, ctx.has_bias = live, live_t, True
-        q = _linear(h.index_select(1, t_in_live), weight[:C], bias[:C], tgt)
-        kv = _linear(h, weight[C:], bias[C:], live)
-        return q, live.expand(kv, 1)
-
-    @staticmethod
-    def backward(ctx, dq, dkv_full):
-        x_hat, h, weight, norm_weight = ctx.saved_tensors
-        g = torch.cat([ctx.live_t.expand(dq, 1), ctx.rows.gather(dkv_full, 1)], -1)  # (1, n, 3C)
-        dh, dw, db = _linear_grads(ctx, h, weight, g, ctx.rows.expand(g, 1))
-        dx, dnw = _norm_weight_grads(ctx, dh, x_hat, norm_weight)
-        return dx, dnw, dw, db, None, None, None, None
-
-
-def float_mask(mask: Tensor, dtype: torch.dtype) -> Tensor:
-    """A boolean attention mask as SDPA converts it: 0 where allowed, -inf elsewhere."""
-    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, float("-inf"))
-
-
-FLASH_SMALL_BLOCK = 3  # measured here: MKL's GEMM takes another path, other bits, for 1-3 query rows
-KV_SPLIT = 512  # the CPU flash kernel's key block (aten FlashAttentionKernel.cpp)
-
-
-def _q_split(n: int) -> int:
-    """The CPU flash kernel's query block size for n queries (aten FlashAttentionKernel.cpp)."""
-    return 256 if n >= 768 else (64 if n >= 192 else 32)
-
-
-def attention_calls(rows: Tensor, pos: Tensor, N: int) -> list[tuple[Tensor, int, int]]:
-    """Forward flash-attention calls that compute the query rows `rows` (ascending positions)
-    with the bits of one call on all N queries and keys: [(positions to run, key start, key end)].
-
-    The kernel walks keys in blocks of KV_SPLIT; a block the mask hides entirely from a row
-    changes none of its bits (its max, sum and output are kept as they are), so each row runs
-    only over the key blocks its document spans. Query rows are computed independently in
-    blocks of _q_split(queries); a row's bits depend only on whether its block holds more than
-    FLASH_SMALL_BLOCK rows. The rows the all-rows call puts in a small last block run as that
-    same block; the others are grouped by key range, each group padded with repeats so that
-    it has no small block.
-    """
-    split = _q_split(N)
-    tail = N % split or split
-    cut = N - tail if tail <= FLASH_SMALL_BLOCK else N
-    first = (rows - pos[rows]) // KV_SPLIT  # key block of the row's document start
-    last = rows // KV_SPLIT
-    calls = []
-    main = rows < cut
-    for a, b in sorted(set(zip(first[main].tolist(), last[main].tolist()))):
-        run = rows[main & (first == a) & (last == b)]
-        group = run
-        while 1 <= len(run) % _q_split(len(run)) <= FLASH_SMALL_BLOCK:
-            run = torch.cat([run, group[:1]])
-        calls.append((run, a * KV_SPLIT, min(N, (b + 1) * KV_SPLIT)))
-    if bool((~main).any()):
-        run = torch.arange(cut, N, device=rows.device)
-        calls.append((run, int(first[~main].min()) * KV_SPLIT, N))
-    return calls
-
-
-def _flash_rows(q_full, k, v, mask, calls):
-    """Output and logsumexp at all N rows, computed only at the rows of `calls` (zeros elsewhere).
-
-    calls: (positions, key start, key end, mask rows of the positions over those keys)."""
-    B, H, N, D = q_full.shape
-    out = q_full.new_zeros(B, H, N, D)
-    lse = q_full.new_zeros(B, H, N)
-    for run, k0, k1, m in calls:
-        o, l = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-            q_full.index_select(2, run), k[:, :, k0:k1], v[:, :, k0:k1], 0.0, False, attn_mask=m)
-        out.index_copy_(2, run, o)
-        lse.index_copy_(2, run, l)
-    return out, lse
-
-
-def with_masks(calls, mask: Tensor) -> list:
-    """The calls with their mask slices (built once per step)."""
-    return [(run, k0, k1, mask[..., k0:k1].index_select(2, run)) for run, k0, k1 in calls]
-
-
-class _Attention(torch.autograd.Function):
-    """CPU flash attention of queries and keys at all N positions, computing only the query rows
-    and key blocks of `calls` forward (output zeros elsewhere).
-
-    The backward kernel sums over blocks of queries and keys; it runs on all N rows, the
-    pruned ones with a zero output gradient, exactly as the unpruned step has them.
-    """
-
-    @staticmethod
-    def forward(ctx, q_full, k, v, mask, calls):
-        out, lse = _flash_rows(q_full, k, v, mask, calls)
-        ctx.save_for_backward(q_full, k, v, out, lse, mask)
-        return out
-
-    @staticmethod
-    def backward(ctx, g):
-        q_full, k, v, out, lse, mask = ctx.saved_tensors
-        dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
-            g.contiguous(), q_full, k, v, out, lse, 0.0, False, attn_mask=mask)
-        return dq, dk, dv, None, None
-
-
-def attention(q_full: Tensor, k: Tensor, v: Tensor, mask: Tensor, calls) -> Tensor:
-    """Document-causal attention (1,H,N,D) of queries at all N positions (zeros where pruned).
-
-    calls: `with_masks(attention_calls(...))` for the CPU kernel; None runs the unpruned
-    kernel on every row and key (elsewhere than on CPU, or where calibration says so)."""
-    if calls is not None and q_full.device.type == "cpu":
-        return _Attention.apply(q_full, k, v, mask, calls)
-    return F.scaled_dot_product_attention(q_full, k, v, attn_mask=mask)
-
-
-class _Expand(torch.autograd.Function):
-    """Kept rows along dim put at all N positions (zeros elsewhere); backward takes them back."""
-
-    @staticmethod
-    def forward(ctx, x, rows: Rows, dim: int):
-        ctx.rows, ctx.dim = rows, dim
-        return rows.expand(x, dim)
-
-    @staticmethod
-    def backward(ctx, g):
-        return ctx.rows.gather(g, ctx.dim), None, None
 
 
 # ----------------------------------------------------------------------------- the steps
@@ -508,70 +141,107 @@ def base_loss(model: GPT, window) -> Tensor:
     return lm_loss(logits, window.targets[None])
 
 
-def _heads(x: Tensor, H: int) -> Tensor:
-    B, T, C = x.shape
-    return x.view(B, T, H, C // H).transpose(1, 2)
+def pruned_loss(model: GPT, p: Plan, ran: dict | None = None) -> Tensor:
+    """The pruned step's loss (rules A and B), every op on the rows it needs, forward and backward.
+
+    (1, n, C) over the live rows through all blocks but the last (the model's own layers, RoPE
+    at the rows' in-document positions, attention by segments), then (1, t, C) over T. ran: filled with what ran
+    (rows through the blocks, rows through the head, query-key pairs the last attention scored).
+    """
+    check_prunable(model)
+    cfg = model.cfg
+    C, H = cfg.dim, cfg.n_heads
+    pos_live = p.pos[p.live][None]  # (1, n) in-document positions: RoPE as unpruned
+    cos, sin = rope_tables(pos_live, C // H, cfg.rope_base, model.embed.weight.dtype)
+    # live rows keep their order, so causal order inside a document is the window's; attention
+    # runs segment by segment (whole documents), each with its block of the document-causal mask
+    doc_live = p.doc[p.live]
+    masks = [doc_causal_mask(doc_live[None, s:e]) for s, e in p.segments]  # (1, 1, L, L) per segment
+    t = p.target_in_live
+    t_masks = [m[:, :, t[a:b] - s] for m, (s, _), (a, b) in zip(masks, p.segments, p.target_segments)]
+    x = model.embed(p.idx[None])  # (1, n, C): rule A, only the live tokens
+    for block in model.blocks[:-1]:
+        a = block.attn
+        q, k, v = a.qkv(block.norm1(x)).chunk(3, dim=-1)
+        q, k = apply_rope(a.heads(q), cos, sin), apply_rope(a.heads(k), cos, sin)
+        x = x + a.proj(segment_attention(q, k, a.heads(v), p.segments, p.segments, masks))
+        x = x + block.mlp(block.norm2(x))
+
+    block = model.blocks[-1]  # rule B: keys and values on n rows, the rest on T
+    a, w, b = block.attn, block.attn.qkv.weight, block.attn.qkv.bias
+    h = block.norm1(x)
+    q = F.linear(h[:, t], w[:C], b[:C])  # (1, t, C)
+    k, v = F.linear(h, w[C:], b[C:]).chunk(2, dim=-1)  # (1, n, C) each
+    q = apply_rope(a.heads(q), cos[:, t], sin[:, t])
+    k = apply_rope(a.heads(k), cos, sin)
+    x = x[:, t] + a.proj(segment_attention(q, k, a.heads(v), p.target_segments, p.segments, t_masks))  # (1, t, C)
+    x = x + block.mlp(block.norm2(x))
+    logits = model.head(model.norm(x))[0]  # (t, vocab)
+    if ran is not None:
+        ran.update(live=h.shape[1], kept=logits.shape[0], projected=sum(int(m.sum()) for m in t_masks))
+    return F.cross_entropy(logits, p.targets)  # mean over |T|, as the unpruned step's
 
 
-def _merge(y: Tensor) -> Tensor:
+def segment_attention(q: Tensor, k: Tensor, v: Tensor, q_segments: list, k_segments: list, masks: list) -> Tensor:
+    """Document-causal attention run segment by segment: (1, H, rows, D) queries and keys, the
+    queries of q_segments[i] against the keys of k_segments[i] under masks[i]; (1, rows, H*D) out.
+
+    No query sees a key outside its segment (segments are whole documents), so the pairs skipped
+    are pairs the mask hides: SDPA's own kernel (with its backward) on each block of the diagonal."""
+    ys = [F.scaled_dot_product_attention(q[:, :, a:b], k[:, :, s:e], v[:, :, s:e], attn_mask=m)
+          for (a, b), (s, e), m in zip(q_segments, k_segments, masks) if b > a]
+    y = torch.cat(ys, dim=2)  # (1, H, rows, D)
     B, H, T, D = y.shape
     return y.transpose(1, 2).reshape(B, T, H * D)
 
 
-def pruned_loss(model: GPT, p: Plan) -> Tensor:
-    """The pruned step's loss (rules A and B); equal bit for bit to `base_loss` on the same window.
+# ----------------------------------------------------------------------------- FLOPs
 
-    Compact activations: (1, n, C) over the live positions in all blocks but the last, then
-    (1, t, C) over T. Queries, keys and values go to attention at all N positions with zero
-    rows where rule A dropped them; those rows are masked for every live query.
-    """
-    check_prunable(model)
-    cfg = model.cfg
-    C, H, N = cfg.dim, cfg.n_heads, p.positions
-    dt = model.embed.weight.dtype
-    live = Rows(p.live, N, "live", p.blocks, dt)
-    tgt = Rows(p.target, N, "target", p.blocks, dt)
-    live_t = Rows(p.target_in_live, len(p.live), "", {}, dt)  # T inside the live rows
-
-    mask = doc_causal_mask(p.doc[None])  # (1, 1, N, N), built once per step
-    full = mask if p.doc.device.type != "cpu" else float_mask(mask, dt)
-    calls = {name: (None if p.blocks.get(("attention", name)) is None or full.dtype == torch.bool
-                    else with_masks(p.blocks[("attention", name)], full)) for name in ("live", "target")}
-    cos, sin = rope_tables(p.pos[None], C // H, cfg.rope_base, dt)  # (1, N, D/2): every position
-
-    x = F.embedding(p.idx, model.embed.weight)[None]  # (1, n, C); rule A: only the live tokens
-    for block in model.blocks[:-1]:
-        a, mlp = block.attn, block.mlp
-        q, k, v = linear(x, a.qkv, live, norm=block.norm1, to_all=True).chunk(3, dim=-1)  # (1, N, C) each
-        q = apply_rope(_heads(q, H), cos, sin)
-        k = apply_rope(_heads(k, H), cos, sin)
-        y = attention(q, k, _heads(v, H), full, calls["live"])  # (1, H, N, D)
-        x = x + linear(_merge(y), a.proj, live, gather_in=True)
-        x = x + linear(F.gelu(linear(x, mlp.fc, live, norm=block.norm2)), mlp.proj, live)
-
-    # rule B: the last block's keys and values for every live row, everything else for T
-    block, t = model.blocks[-1], p.target_in_live
-    a, mlp = block.attn, block.mlp
-    x_hat = F.rms_norm(x, (C,), None, block.norm1.eps)
-    q, kv = _LastQKV.apply(x_hat, block.norm1.weight, a.qkv.weight, a.qkv.bias, t, live, live_t, tgt)
-    k, v = kv.chunk(2, dim=-1)
-    q = apply_rope(_heads(q, H), cos[:, p.target], sin[:, p.target])
-    k = apply_rope(_heads(k, H), cos, sin)
-    y = attention(_Expand.apply(q, tgt, 2), k, _heads(v, H), full, calls["target"])  # (1, H, N, D)
-    x = x.index_select(1, t) + linear(_merge(y), a.proj, tgt, gather_in=True)  # (1, t, C)
-    x = x + linear(F.gelu(linear(x, mlp.fc, tgt, norm=block.norm2)), mlp.proj, tgt)
-    logits = linear(x[0], model.head, tgt, norm=model.norm)  # (t, vocab)
-    return cross_entropy(logits, p.targets, tgt)
+def _linear_flops(rows: int, fan_in: int, fan_out: int) -> int:
+    """A linear layer's forward, input-gradient and weight-gradient GEMMs (flop_counter's mm/addmm)."""
+    return 3 * 2 * rows * fan_in * fan_out
 
 
-def cross_entropy(logits: Tensor, targets: Tensor, rows: Rows) -> Tensor:
-    """F.cross_entropy of the target rows (t, vocab), mean over T, with the unpruned step's bits.
+def _attention_flops(queries: int, keys: int, dim: int) -> int:
+    """SDPA forward (2 GEMMs) and backward (5 GEMMs) as flop_counter counts them: dense, mask ignored."""
+    return (2 + 5) * 2 * queries * keys * dim
 
-    The CPU nll_loss sums in a cascade whose flushes follow the row index over all N rows
-    (ignored rows included), so the picked log-probabilities go back to their N positions
-    as an (N, 1) input with every other row ignored: the same sum, the same |T|.
-    """
-    logp = F.log_softmax(logits, dim=1)
-    picked = logp.gather(1, targets[:, None])  # (t, 1)
-    ignore = torch.full((rows.N,), IGNORE, dtype=targets.dtype, device=targets.device)
-    return F.nll_loss(rows.expand(picked, 0), ignore.index_fill(0, rows.index, 0), ignore_index=IGNORE)
+
+def plan_flops(cfg, p: Plan) -> dict:
+    """Forward + backward FLOPs the rules promise: the unpruned step on N rows, the pruned on n and t.
+
+    cfg: the ModelConfig. GEMMs and attention, counted as torch.utils.flop_counter counts them."""
+    C, M, V, L = cfg.dim, cfg.mlp_mult * cfg.dim, cfg.vocab, cfg.n_blocks
+    N, n, t = p.positions, len(p.live), len(p.target)
+
+    def linears(rows):
+        return (_linear_flops(rows, C, 3 * C) + _linear_flops(rows, C, C) + _linear_flops(rows, C, M)
+                + _linear_flops(rows, M, C))
+
+    base = L * (linears(N) + _attention_flops(N, N, C)) + _linear_flops(N, C, V)
+    attention = sum(_attention_flops(e - s, e - s, C) for s, e in p.segments)
+    last_attention = sum(_attention_flops(b - a, e - s, C) for (a, b), (s, e) in zip(p.target_segments, p.segments)
+                         if b > a)
+    last = (_linear_flops(n, C, 2 * C) + _linear_flops(t, C, C) + last_attention + _linear_flops(t, C, C)
+            + _linear_flops(t, C, M) + _linear_flops(t, M, C) + _linear_flops(t, C, V))
+    return {"base": base, "pruned": (L - 1) * (linears(n) + attention) + last}
+
+
+def _cpu_flash_flops(q, k, v, *args, out_shape=None, **kwargs) -> int:
+    return flop_counter.sdpa_flop_count(q, k, v)
+
+
+def _cpu_flash_backward_flops(grad_out, q, k, v, *args, out_shape=None, **kwargs) -> int:
+    return flop_counter.sdpa_backward_flop_count(grad_out, q, k, v)
+
+
+# flop_counter has no formula for the CPU flash kernels that SDPA runs here; these are its CUDA ones
+CPU_ATTENTION_FLOPS = {torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: _cpu_flash_flops,
+                       torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward: _cpu_flash_backward_flops}
+
+
+def measured_flops(loss_fn) -> int:
+    """FLOPs one forward + backward of loss_fn() ran, counted by FlopCounterMode."""
+    with flop_counter.FlopCounterMode(display=False, custom_mapping=CPU_ATTENTION_FLOPS) as counter:
+        loss_fn().backward()
+    return int(counter.get_total_flops())

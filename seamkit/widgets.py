@@ -245,7 +245,7 @@ class PruningPanel(W.VBox):
 
     Picking a window or a loss policy redraws that window's pruning pattern (which positions
     rule A drops, which rule B computes in the last block). Check runs `check.prune_check` with
-    the chosen policy, writes the report to `out_path`, shows the check table for the picked
+    the chosen policy and exactness (arithmetic: every op pruned; bitwise: this CPU's bits), writes the report to `out_path`, shows the check table for the picked
     window, and below it the whole report (`show_pruning_report`). `preset` and `settings` are
     as for `build_config`.
     """
@@ -267,6 +267,9 @@ class PruningPanel(W.VBox):
         self.window = W.Dropdown(options=list(range(cfg.prune.windows)), value=0, description="window", style=style)
         policies = list(dict.fromkeys((cfg.prune.policy, *self.POLICIES)))
         self.policy = W.Dropdown(options=policies, value=cfg.prune.policy, description="loss policy", style=style)
+        self.exact = W.Dropdown(options=["arithmetic", "bitwise"], value=cfg.prune.exact, description="exact",
+                                style=style, tooltip="arithmetic: every op pruned, float64 within 1e-12; "
+                                                     "bitwise: the unpruned step's bits on this CPU, slower")
         self.check = W.Button(description="Check", button_style="primary", icon="check",
                               tooltip="run the base and prune_exact steps against the reference, time them")
         self.status = W.HTML(value=f"checkpoint: <code>{html.escape(str(self.checkpoint))}</code>")
@@ -276,13 +279,14 @@ class PruningPanel(W.VBox):
         self.window.observe(self._on_pick, names="value")
         self.policy.observe(self._on_pick, names="value")
         self.check.on_click(self._on_check)
-        super().__init__([W.HBox([self.window, self.policy, self.check]), self.status, self.pattern_view,
+        super().__init__([W.HBox([self.window, self.policy, self.exact, self.check]), self.status, self.pattern_view,
                           self.table, self.result])
         self._on_pick()
 
     def build(self) -> C.RunConfig:
-        """The config Check would run: preset + settings + the picked policy."""
-        return build_config(self.preset, self.settings, {"prune.policy": self.policy.value})
+        """The config Check would run: preset + settings + the picked policy and exactness."""
+        return build_config(self.preset, self.settings, {"prune.policy": self.policy.value,
+                                                         "prune.exact": self.exact.value})
 
     def _guard(self, fn) -> None:
         """Run fn; a user error becomes the status line, anything else a traceback in the panel."""
@@ -333,7 +337,8 @@ class PruningPanel(W.VBox):
             return
         w = self.window.value
         rows = {**self.report, **{key: [r for r in self.report.get(key, []) if r["window"] == w]
-                                  for key in ("checks", "timings", "windows", "controls", "rules")}}
+                                  for key in ("checks", "timings", "windows", "controls", "rules",
+                                              "skipped_windows")}}
         note = "" if self.config.prune.policy == self.policy.value else \
             f"<i>checked with policy {html.escape(self.config.prune.policy)}; press Check for {html.escape(self.policy.value)}</i>"
         self.table.value = note + _Table(summary_table(rows))._repr_html_()

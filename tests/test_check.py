@@ -16,14 +16,14 @@ from seamkit.report import load_report, validate
 from seamkit.train import make_optimizer
 
 sys.path.insert(0, str(Path(__file__).parent))
-from test_prune import WINDOWS  # noqa: E402
+from test_prune import WINDOWS, one_target_dropped  # noqa: E402
 
 torch.set_num_threads(1)
 
 
 def tiny_cfg(**overrides):
     return C.override(C.tiny(), {"prune.windows": 2, "prune.samples": 2, "prune.warmup": 0,
-                                 "prune.compile_reference": False, **overrides})
+                                 "prune.reference": "eager", **overrides})
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +53,7 @@ def stepper(ckpt_path):
 
 def test_compare_is_zero_on_the_same_step_and_fails_on_planted_faults(stepper):
     w = WINDOWS["random"]()
-    fn = check.mode_loss("base", w, prune.plan(w))
+    fn = check.mode_loss("base", w)
     a, b = stepper.step(fn), stepper.step(fn)  # a reset makes the second step the first again
     assert check.differences_zero(check.compare(a, b))
 
@@ -73,9 +73,8 @@ def test_compare_is_zero_on_the_same_step_and_fails_on_planted_faults(stepper):
 
 def test_one_target_too_many_pruned_makes_loss_delta_nonzero(stepper):
     w = WINDOWS["random"]()
-    p = prune.plan(w)
-    bad = dataclasses.replace(p, target=p.target[1:], target_in_live=p.target_in_live[1:], targets=p.targets[1:])
-    ref = stepper.step(check.mode_loss("base", w, p))
+    bad = one_target_dropped(w)
+    ref = stepper.step(check.mode_loss("base", w))
     got = stepper.step(lambda m: prune.pruned_loss(m, bad))
     assert check.compare(ref, got)["loss_delta"] > 0
 
@@ -86,56 +85,94 @@ def test_steps_start_from_the_checkpoint_and_never_change_it(ckpt_path):
     st = check.Stepper(ck["run_config"].model, ck["model"], ck["optimizer"], tiny_cfg(), torch.float32,
                        torch.device("cpu"))
     w = WINDOWS["completion"]()
-    p = prune.calibrate(st.model, prune.plan(w))
-    r1 = st.step(check.mode_loss("prune_exact", w, p))
-    r2 = st.step(check.mode_loss("prune_exact", w, p))
+    r1 = st.step(check.mode_loss("prune_exact", w, "bitwise"))
+    r2 = st.step(check.mode_loss("prune_exact", w, "bitwise"))
     assert check.differences_zero(check.compare(r1, r2))
     assert checkpoint.tensor_id(ck["model"], ck["optimizer"]) == before
     assert all(float(s["step"]) == 3.0 for s in r1.state.values())  # 2 checkpoint steps + this one
 
 
-def test_pruned_step_equals_the_unpruned_one_with_optimizer(stepper):
-    for name in ("tails", "random"):
-        w = WINDOWS[name]()
-        p = prune.calibrate(stepper.model, prune.plan(w))
-        base = stepper.step(check.mode_loss("base", w, p))
-        pruned = stepper.step(check.mode_loss("prune_exact", w, p))
-        assert check.differences_zero(check.compare(base, pruned)), name
-        s = check.stats(pruned, "prune_exact", w, p)
-        assert s["kept"] + s["skipped"] == w.positions and s["kept"] == s["targets"]
-        assert s["projected"] < check.stats(base, "base", w, p)["projected"]
+@pytest.mark.parametrize("threads", [1, 2])
+def test_pruned_steps_with_optimizer(ckpt_path, threads):
+    """Both exactness modes through the whole step (AdamW from the checkpoint's state), at 1 and 2
+    threads: bitwise equals base bit for bit in float32; arithmetic stays within 1e-12 in float64."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        ck = checkpoint.load(ckpt_path)
+        for dtype, exact in ((torch.float32, "bitwise"), (torch.float64, "arithmetic")):
+            st = check.Stepper(ck["run_config"].model, ck["model"], ck["optimizer"], tiny_cfg(), dtype,
+                               torch.device("cpu"))
+            for name in ("tails", "random"):
+                w = WINDOWS[name]()
+                base, ran = st.step(check.mode_loss("base", w)), {}
+                pruned = st.step(check.mode_loss("prune_exact", w, exact, ran))
+                d = check.compare(base, pruned)
+                assert check.differences_zero(d) if exact == "bitwise" else check.within(d, 1e-12), (name, d)
+                s = check.stats(pruned, "prune_exact", w, ran)
+                assert s["kept"] + s["skipped"] == w.positions and s["kept"] == s["targets"]
+                assert s["projected"] < check.stats(base, "base", w, {})["projected"]
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_mode_flops_save_what_the_plan_promises(stepper):
+    """The study's default prune_exact step, counted with FlopCounterMode, saves at least what the
+    plan promises. Fails if prune_exact runs the unpruned step. (Bitwise mode is not held to it:
+    it runs attention backward on all rows, and its calibration's GEMMs count too.)"""
+    w = WINDOWS["tails"]()
+    planned = prune.plan_flops(stepper.model.cfg, prune.plan(w))
+    flops = {}
+    for m in check.MODES:
+        stepper.reset()
+        flops[m] = prune.measured_flops(lambda: check.mode_loss(m, w)(stepper.model))
+    assert flops["base"] - flops["prune_exact"] >= planned["base"] - planned["pruned"] > 0
 
 
 # ----------------------------------------------------------------------------- the rules, bitwise
 
-def test_rule_invariance_is_bitwise(stepper):
-    w = WINDOWS["tails"]()
-    out = check.rule_invariance(stepper, w, prune.plan(w))
-    assert out["A_dropped_tokens_changed"]["positions"] > 0
-    assert out["B_query_side_outside_T_changed"]["positions"] > 0
+RULE_WINDOWS = ("middle", "random")  # both have dropped positions and live positions that are not targets
+
+
+@pytest.mark.parametrize("name", RULE_WINDOWS)
+def test_rule_invariance_is_bitwise(stepper, name):
+    w = WINDOWS[name]()
+    p = prune.plan(w)
+    out = check.rule_invariance(stepper, w, p)
+    assert out["A_dropped_tokens_changed"]["positions"] == w.positions - len(p.live) > 0
+    assert out["B_query_side_outside_T_changed"]["positions"] == len(p.live) - len(p.target) > 0
     assert all(check.differences_zero(v) for v in out.values())
 
 
-def test_rule_checks_can_fail(stepper):
-    """The same probes on positions the rules keep do change the step."""
-    w = WINDOWS["tails"]()
+@pytest.mark.parametrize("name", RULE_WINDOWS)
+def test_rule_probes_can_fail(stepper, name):
+    """The probes rule_invariance runs change the step where the rules keep positions, so a probe
+    that changes nothing fails here: tokens at context positions (live, not targets) reach the
+    loss, and so do the query side's inputs at T."""
+    w = WINDOWS[name]()
     p = prune.plan(w)
+    context = torch.zeros(w.positions, dtype=torch.bool)
+    context[p.live] = True
     in_t = torch.zeros(w.positions, dtype=torch.bool)
     in_t[p.target] = True
-    d = check.compare(check.query_side_step(stepper, w, in_t, 0.0), check.query_side_step(stepper, w, in_t, 1.0))
-    assert d["loss_delta"] > 0
-    live_token = dataclasses.replace(w, idx=w.idx.clone().index_fill_(0, p.target[:1], 7))
-    fn = check.mode_loss("base", w, p)
-    assert check.compare(stepper.step(fn), stepper.step(check.mode_loss("base", live_token, p)))["loss_delta"] > 0
+    context &= ~in_t
+    assert check.token_probe(stepper, w, context)["loss_delta"] > 0
+    for part in check.QUERY_SIDE:  # each hook on its own, so neither can be a no-op
+        assert check.query_side_probe(stepper, w, in_t, parts=(part,))["loss_delta"] > 0, part
 
 
 # ----------------------------------------------------------------------------- the study and its report
 
+def no_target(w):
+    return dataclasses.replace(w, loss_mask=torch.zeros_like(w.loss_mask), targets=torch.full_like(w.targets, -100))
+
+
 @pytest.fixture(scope="module")
 def report(ckpt_path, tmp_path_factory):
+    """The study in bitwise mode against the eager reference, a window without targets among its three."""
     out = tmp_path_factory.mktemp("reports") / "pruning.json"
-    ws = [WINDOWS["tails"](), WINDOWS["random"]()]
-    rep = check.prune_check(tiny_cfg(), ckpt_path, out, windows=ws, progress=False)
+    ws = [WINDOWS["tails"](), no_target(WINDOWS["completion"]()), WINDOWS["random"]()]
+    rep = check.prune_check(tiny_cfg(**{"prune.exact": "bitwise"}), ckpt_path, out, windows=ws, progress=False)
     return rep, out
 
 
@@ -144,10 +181,11 @@ def test_report_has_the_reference_shape(report):
     assert load_report(out, "pruning") == json.loads(out.read_text())
     assert validate(rep) == "pruning"
     assert rep["status"] == "complete" and rep["training_continued"] is False
-    assert rep["reference"].startswith("eager unpruned step")  # compile_reference=false says so
+    assert rep["reference"].startswith("eager unpruned step (asked for") and rep["reference_kind"] == "eager"
+    assert rep["exact"] == "bitwise" and rep["setup_s"] == 0.0
     assert rep["checkpoint"].startswith("tiny:s")
     assert [(c["window"], c["mode"]) for c in rep["checks"]] == [(0, "base"), (0, "prune_exact"),
-                                                                 (1, "base"), (1, "prune_exact")]
+                                                                 (2, "base"), (2, "prune_exact")]
     for key in ("schema_version", "config", "loss_policy", "dtype", "tolerances", "bitwise", "windows",
                 "torch_version", "seamkit_version", "git_commit", "machine", "optimizer", "memory_method"):
         assert key in rep, key
@@ -156,10 +194,20 @@ def test_report_has_the_reference_shape(report):
     assert all(v["bitwise"] for r in rep["rules"] for v in r.values() if isinstance(v, dict))
 
 
-def test_report_stats_and_timings(report):
+def test_window_without_targets_is_skipped_and_counted(report, ckpt_path, tmp_path):
     rep, _ = report
+    assert rep["windows_skipped"] == 1 and rep["skipped_windows"][0]["window"] == 1
+    assert [w["window"] for w in rep["windows"]] == [0, 2]
+    with pytest.raises(check.CheckError, match="none of the 1 windows has a target"):
+        check.prune_check(tiny_cfg(), ckpt_path, tmp_path / "x.json", windows=[no_target(WINDOWS["tails"]())],
+                          progress=False)
+
+
+def test_report_stats_timings_and_flops(report):
+    rep, _ = report
+    positions = {t["window"]: t["positions"] for t in rep["timings"]}
     for c in rep["checks"]:
-        s, N = c["stats"], rep["timings"][0]["positions"] if c["window"] == 0 else rep["timings"][2]["positions"]
+        s, N = c["stats"], positions[c["window"]]
         if c["mode"] == "base":
             assert s["skipped"] == s["kept"] == s["dropped"] == 0
         else:
@@ -171,27 +219,41 @@ def test_report_stats_and_timings(report):
             assert smp["words_per_second"] == pytest.approx(t["words"] / smp["seconds"])
     for w in rep["windows"]:
         assert w["speedup"] > 0 and 0 < w["memory_ratio"] < 1  # rule A drops whole tails here
+        f = w["flops"]
+        assert f["ceiling"] == f["base"] / f["prune_exact"] and f["plan_base"] > f["plan_pruned"] > 0
 
 
 def test_summary_table(report):
     text = check.summary_table(report[0])
     assert "prune_exact" in text and "speed-up" in text and "bitwise vs reference: true" in text
+    assert "windows skipped (no target): 1" in text and "FLOPs base/pruned" in text
 
 
 def test_pruning_figures(report):
     rep, _ = report
     figs = plots.pruning_figures(rep)
-    assert set(figs) == {"speed", "memory", "pattern"}
+    assert set(figs) == {"speed", "memory", "flops", "pattern"}
     assert [t.name for t in figs["speed"].data if t.type == "bar"] == ["base", "prune_exact"]
+    assert list(figs["flops"].data[1].y) == [w["flops"]["ceiling"] for w in rep["windows"]]
     layers, z = plots.pruning_pattern_grid(rep["pattern"])
     assert len(layers) == C.tiny().model.n_blocks + 2 and len(z[0]) == rep["pattern"]["positions"]
     kinds = rep["pattern"]["kind"]
     assert z[-1] == [3 if k == 2 else 0 for k in kinds]  # the head computes only the targets
 
 
+def test_arithmetic_float64_study(ckpt_path, tmp_path):
+    """The default exactness, checked in float64: every delta within 1e-12, FLOPs as promised."""
+    cfg = tiny_cfg(**{"prune.dtype": "float64", "prune.samples": 1})
+    rep = check.prune_check(cfg, ckpt_path, tmp_path / "p.json", windows=[WINDOWS["random"]()], progress=False)
+    assert rep["exact"] == "arithmetic" and rep["tolerances"]["declared"] == 1e-12
+    assert rep["within_tolerance"] is True and not rep["controls"][0]["bitwise"]  # exact in arithmetic, not bits
+    f = rep["windows"][0]["flops"]
+    assert f["base"] - f["prune_exact"] >= f["plan_base"] - f["plan_pruned"] > 0
+
+
 def test_compiled_reference(ckpt_path, tmp_path):
     """The compiles of this file: a tiny window against torch.compile of the unpruned step."""
-    cfg = tiny_cfg(**{"prune.compile_reference": True, "prune.samples": 1})
+    cfg = tiny_cfg(**{"prune.reference": "inductor", "prune.samples": 1, "prune.exact": "bitwise"})
     w = WINDOWS["random"]()
     rep = check.prune_check(cfg, ckpt_path, tmp_path / "p.json", windows=[w], progress=False)
     assert rep["reference"].startswith("torch.compile"), rep["reference"]
@@ -206,15 +268,32 @@ def test_compiled_reference(ckpt_path, tmp_path):
     assert len(aot) == 2 and all(c["bitwise"] for c in aot)
 
 
+def test_failed_compile_stops_in_one_line(ckpt_path, tmp_path, monkeypatch, capsys):
+    """No silent fallback: a reference that cannot be built ends the run, naming --reference eager."""
+    def broken(fn, backend="inductor"):
+        def run(*args, **kwargs):
+            raise RuntimeError("inductor: no C++ compiler found\nmore detail")
+        return run
+    monkeypatch.setattr(check.torch, "compile", broken)
+    code = cli.main(["prune-check", "--preset", "tiny", "--checkpoint", str(ckpt_path), "--windows", "1",
+                     "--out", str(tmp_path / "x.json")])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and "Traceback" not in err
+    err = err.splitlines()[-1]  # after the progress bar, one line
+    assert "could not be built: RuntimeError: inductor: no C++ compiler found" in err and "--reference eager" in err
+
+
 # ----------------------------------------------------------------------------- the command
 
 def test_cli_prune_check(ckpt_path, tmp_path, capsys):
     out = tmp_path / "r.json"
     code = cli.main(["prune-check", "--preset", "tiny", "--checkpoint", str(ckpt_path), "--windows", "1",
-                     "--samples", "1", "--set", "prune.compile_reference=false", "--set", "prune.warmup=0",
+                     "--samples", "1", "--reference", "eager", "--exact", "bitwise", "--set", "prune.warmup=0",
                      "--out", str(out)])
     text = capsys.readouterr().out
-    assert code == 0 and out.exists() and "bitwise vs reference" in text
+    rep = json.loads(out.read_text())
+    assert code == 0 and "bitwise vs reference: true" in text and "ran the bitwise pruned step" in text
+    assert rep["exact"] == "bitwise" and rep["reference_kind"] == "eager"
 
 
 @pytest.mark.parametrize("args, message", [
@@ -243,4 +322,6 @@ def test_checkpoint_without_optimizer_state_starts_a_fresh_adamw(tmp_path):
     path = tmp_path / "noopt.pt"
     checkpoint.save(path, GPT(cfg.model), None, cfg)
     rep = check.prune_check(cfg, path, tmp_path / "r.json", windows=[WINDOWS["completion"]()], progress=False)
-    assert rep["optimizer"].startswith("fresh AdamW") and rep["bitwise"] is True
+    assert rep["optimizer"].startswith("fresh AdamW")
+    assert rep["controls"][0]["gradient_max"] > 0  # float32 arithmetic: not bitwise, and the report says so
+    assert rep["bitwise"] is False and rep["within_tolerance"] is None and rep["tolerances"]["declared"] is None

@@ -1,12 +1,13 @@
-"""Tests of seamkit.prune: the liveness rules and the pruned step, bit for bit."""
+"""Tests of seamkit.prune and seamkit.prune_bitwise: the liveness rules, the pruned steps and what they run."""
 
 import dataclasses
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from seamkit import config as C
-from seamkit import prune
+from seamkit import prune, prune_bitwise
 from seamkit.data import Window
 from seamkit.model import GPT, IGNORE
 
@@ -40,10 +41,19 @@ WINDOWS = {
     # a document without targets (dropped whole), long tails after the last target, a 1-token document
     "tails": lambda: make_window([40, 25, 1, 60, 30], lambda d, i, L: d != 1 and i < L // 2),
     "random": lambda: make_window([33, 70, 12, 50, 41], random_scored(0.5)),
+    # targets in the middle of each document: context before them (live, not in T), tails after
+    "middle": lambda: make_window([40, 25, 1, 60, 30], lambda d, i, L: d != 1 and L // 4 <= i < L // 2),
     "completion": lambda: make_window([20, 35, 28, 64], lambda d, i, L: i >= 4),
     # over 1024 positions: weight-gradient GEMMs split the tokens in blocks, attention its keys
     "long": lambda: make_window([150, 120, 90, 130, 200, 180, 140, 110], random_scored(0.3, seed=2)),
 }
+
+
+def one_target_dropped(w: Window) -> prune.Plan:
+    """A faulty plan: the window's first target left out of T."""
+    mask = w.loss_mask.clone()
+    mask[mask.nonzero()[0]] = False
+    return prune.plan(dataclasses.replace(w, loss_mask=mask))
 
 
 @pytest.fixture(scope="module")
@@ -82,13 +92,29 @@ def test_plan_indices_and_counts():
     assert prune.projected_pairs(w.pos) == sum(L * (L + 1) // 2 for L in [40, 25, 1, 60, 30])
 
 
+def test_document_segments():
+    doc = torch.tensor([0] * 50 + [1] * 60 + [2] * 30 + [3] * 200 + [4] * 10)
+    assert prune.document_segments(doc, size=128) == [(0, 110), (110, 140), (140, 340), (340, 350)]
+    assert prune.document_segments(doc[:0]) == []
+    p = prune.plan(WINDOWS["long"]())
+    starts = [s for s, _ in p.segments]
+    assert p.segments[0][0] == 0 and p.segments[-1][1] == len(p.live)
+    assert all(e == s2 for (_, e), (s2, _) in zip(p.segments, p.segments[1:]))  # a partition of the live rows
+    doc_live = p.doc[p.live]
+    assert all(doc_live[s - 1] != doc_live[s] for s in starts[1:])  # never inside a document
+    t = p.target_in_live
+    assert all(bool(((t[a:b] >= s) & (t[a:b] < e)).all()) for (a, b), (s, e) in zip(p.target_segments, p.segments))
+    assert sum(b - a for a, b in p.target_segments) == len(t)
+
+
 def test_refuses_where_not_exact(model):
     w = WINDOWS["random"]()
     with pytest.raises(prune.PruneError, match="no target"):
         prune.plan(dataclasses.replace(w, loss_mask=torch.zeros_like(w.loss_mask)))
     dropout = GPT(dataclasses.replace(C.tiny().model, dropout=0.1))
-    with pytest.raises(prune.PruneError, match="dropout"):
-        prune.pruned_loss(dropout, prune.plan(w))
+    for step in (lambda: prune.pruned_loss(dropout, prune.plan(w)), lambda: prune_bitwise.bitwise_loss(dropout, w)):
+        with pytest.raises(prune.PruneError, match="dropout"):
+            step()
 
 
 def test_rules_through_gradients(model):
@@ -127,37 +153,86 @@ def test_rules_through_gradients(model):
 
 # ----------------------------------------------------------------------------- the pruned step
 
+@pytest.fixture
+def threads(request):
+    """Run a test at request.param torch threads (the default run uses 2)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(request.param)
+    yield request.param
+    torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("threads", [1, 2], indirect=True)
 @pytest.mark.parametrize("name", sorted(WINDOWS))
-@pytest.mark.parametrize("blocked", [True, False], ids=["blocked-gemm", "all-rows-gemm"])
-def test_pruned_step_bitwise_float32(model, name, blocked):
+def test_arithmetic_step_float64_within_1e12(model, name, threads):
+    """The default pruned step is exact in arithmetic: only the order of its sums differs."""
+    m = GPT(model.cfg).double()
+    m.load_state_dict(model.state_dict())
+    w = WINDOWS[name]()
+    loss_b, g_b = grads_of(m, lambda: prune.base_loss(m, w))
+    ran = {}
+    loss_p, g_p = grads_of(m, lambda: prune.pruned_loss(m, prune.plan(w), ran))
+    # 1e-12 is the issue's bound; measured differences are ~1e-16 (summation order)
+    assert abs(float(loss_b - loss_p)) <= 1e-12
+    assert max(float((g_b[n] - g_p[n]).abs().max()) for n in g_b) <= 1e-12
+    p = prune.plan(w)
+    assert ran == {"live": len(p.live), "kept": len(p.target), "projected": prune.projected_pairs(w.pos, p.target)}
+
+
+@pytest.mark.parametrize("threads", [1, 2], indirect=True)
+@pytest.mark.parametrize("name", sorted(WINDOWS))
+def test_bitwise_step_float32(model, name, threads):
+    """`--exact bitwise`: plan and calibration inside the step, the unpruned step's bits."""
     w = WINDOWS[name]()
     loss_b, g_b = grads_of(model, lambda: prune.base_loss(model, w))
-    p = prune.calibrate(model, prune.plan(w), blocked=blocked)
-    loss_p, g_p = grads_of(model, lambda: prune.pruned_loss(model, p))
+    loss_p, g_p = grads_of(model, lambda: prune_bitwise.bitwise_loss(model, w))
     assert torch.equal(loss_b, loss_p)
     assert [n for n in g_b if not torch.equal(g_b[n], g_p[n])] == []
 
 
-def test_pruned_step_float64_within_1e12(model):
-    m = GPT(model.cfg).double()
-    m.load_state_dict(model.state_dict())
-    w = WINDOWS["random"]()
-    loss_b, g_b = grads_of(m, lambda: prune.base_loss(m, w))
-    loss_p, g_p = grads_of(m, lambda: prune.pruned_loss(m, prune.calibrate(m, prune.plan(w))))
-    # 1e-12 is the issue's bound; MKL's dgemm gives row results that depend on the row count,
-    # so float64 (unlike float32 here) is not bitwise; measured differences are ~1e-17.
-    assert abs(float(loss_b - loss_p)) <= 1e-12
-    assert max(float((g_b[n] - g_p[n]).abs().max()) for n in g_b) <= 1e-12
+def test_bitwise_all_rows_forms_float32(model):
+    """With every shortcut off (the forms calibration falls back to), still the unpruned bits."""
+    w = WINDOWS["long"]()
+    loss_b, g_b = grads_of(model, lambda: prune.base_loss(model, w))
+    p = prune_bitwise.calibrate(model, prune.plan(w), blocked=False)
+    loss_p, g_p = grads_of(model, lambda: prune_bitwise.pruned_loss(model, p))
+    assert torch.equal(loss_b, loss_p)
+    assert [n for n in g_b if not torch.equal(g_b[n], g_p[n])] == []
 
 
 def test_planted_fault_one_target_too_many_pruned(model):
-    """A plan that drops one target of T gives a different loss: the bitwise test can fail."""
+    """A plan that drops one target of T gives another loss, far beyond 1e-12: the tests can fail."""
+    m = GPT(model.cfg).double()
+    m.load_state_dict(model.state_dict())
     w = WINDOWS["random"]()
+    bad = one_target_dropped(w)
+    loss_b, _ = grads_of(m, lambda: prune.base_loss(m, w))
+    loss_p, _ = grads_of(m, lambda: prune.pruned_loss(m, bad))
+    assert abs(float(loss_b - loss_p)) > 1e-6
+
+
+@pytest.mark.parametrize("name", sorted(WINDOWS))
+def test_measured_flops_save_what_the_plan_promises(model, name):
+    """FlopCounterMode over what each step ran: the pruned step saves at least what the plan says.
+
+    Fails if attention runs forward on all rows, if weight gradients run over all rows, or if
+    the pruned step is the unpruned one."""
+    w = WINDOWS[name]()
     p = prune.plan(w)
-    bad = dataclasses.replace(p, target=p.target[1:], target_in_live=p.target_in_live[1:], targets=p.targets[1:])
-    loss_b, _ = grads_of(model, lambda: prune.base_loss(model, w))
-    loss_p, _ = grads_of(model, lambda: prune.pruned_loss(model, bad))
-    assert not torch.equal(loss_b, loss_p)
+    planned = prune.plan_flops(model.cfg, p)
+    base = prune.measured_flops(lambda: prune.base_loss(model, w))
+    pruned = prune.measured_flops(lambda: prune.pruned_loss(model, prune.plan(w)))
+    model.zero_grad(set_to_none=True)
+    assert planned["base"] > planned["pruned"] > 0
+    assert base - pruned >= planned["base"] - planned["pruned"]
+
+
+def test_flop_counter_counts_the_cpu_attention_kernels():
+    """Without the CPU flash formulas, attention would count 0 FLOPs and no fault there would show."""
+    q, k, v = (torch.randn(1, 2, 16, 8, requires_grad=True) for _ in range(3))
+    mask = torch.ones(16, 16, dtype=torch.bool).tril()
+    flops = prune.measured_flops(lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask).sum())
+    assert flops == 14 * 2 * 16 * 16 * 8  # forward 2 GEMMs, backward 5, of 2*q*k*D per head
 
 
 def test_gemm_calibration_detects_a_wrong_block_structure(monkeypatch):
@@ -166,18 +241,17 @@ def test_gemm_calibration_detects_a_wrong_block_structure(monkeypatch):
     g = torch.Generator().manual_seed(0)
     N, rows = 500, torch.sort(torch.randperm(500, generator=g)[:260]).values
     x, y = torch.randn(260, 32, generator=g), torch.randn(260, 96, generator=g)
-    full = prune._full_wgrad(x, y, rows, N)
-    kc = prune.calibrate_gemm(N, 96, 32, torch.float32, "cpu", rows)
+    full = prune_bitwise._full_wgrad(x, y, rows, N)
+    kc = prune_bitwise.calibrate_gemm(N, 96, 32, torch.float32, "cpu", rows)
     if kc is not None:
-        assert torch.equal(prune._blocked_wgrad(x, y, prune._spans(rows, prune.gemm_blocks(N, kc))), full)
-    one_row_blocks = prune._blocked_wgrad(x, y, prune._spans(rows, prune.gemm_blocks(N, 1)))
+        assert torch.equal(prune_bitwise._blocked_wgrad(x, y, prune_bitwise._spans(rows, prune_bitwise.gemm_blocks(N, kc))), full)
+    one_row_blocks = prune_bitwise._blocked_wgrad(x, y, prune_bitwise._spans(rows, prune_bitwise.gemm_blocks(N, 1)))
     assert not torch.equal(one_row_blocks, full)  # rank-1 blocks round differently
-    monkeypatch.setattr(prune, "_CANDIDATE_BLOCKS", (1,))
-    monkeypatch.setattr(prune, "_calibrated", {})
-    assert prune.calibrate_gemm(N, 96, 32, torch.float32, "cpu", rows) is None
+    monkeypatch.setattr(prune_bitwise, "_CANDIDATE_BLOCKS", (1,))
+    assert prune_bitwise.calibrate_gemm(N, 96, 32, torch.float32, "cpu", rows) is None
 
 
 def test_gemm_blocks_shape():
-    assert prune.gemm_blocks(100, 192) == [(0, 100)]
-    assert prune.gemm_blocks(257, 192) == [(0, 128), (128, 256), (256, 257)]
-    assert prune.gemm_blocks(1000, 192)[-1] == (960, 1000) and len(prune.gemm_blocks(1000, 192)) == 6
+    assert prune_bitwise.gemm_blocks(100, 192) == [(0, 100)]
+    assert prune_bitwise.gemm_blocks(257, 192) == [(0, 128), (128, 256), (256, 257)]
+    assert prune_bitwise.gemm_blocks(1000, 192)[-1] == (960, 1000) and len(prune_bitwise.gemm_blocks(1000, 192)) == 6
