@@ -29,7 +29,8 @@ def build_config(args) -> C.RunConfig:
     ov = C.parse_overrides(args.overrides)
     for flag, key in (("seed", "train.seed"), ("threads", "train.threads"), ("budget", "train.budget_seconds"),
                       ("max_steps", "train.max_steps"), ("objective", "seams.objective"), ("seams", "seams.seams"),
-                      ("stages", "seams.stages"), ("windows", "prune.windows"), ("samples", "prune.samples"),
+                      ("stages", "seams.stages"), ("schedule", "seams.schedule"),
+                      ("micro_batches", "seams.micro_batches"), ("windows", "prune.windows"), ("samples", "prune.samples"),
                       ("policy", "prune.policy"), ("dtype", "prune.dtype")):
         value = getattr(args, flag, None)
         if value is not None:
@@ -127,6 +128,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--objective", choices=C.OBJECTIVES, help="local objective")
     p.add_argument("--seams", help="'all', a count, or block indices '1,3,5'")
     p.add_argument("--stages", type=int, help="run as S real pipeline stages on torch.distributed")
+    p.add_argument("--schedule", choices=C.SCHEDULES, help="with --stages: the e2e pipeline schedule")
+    p.add_argument("--micro-batches", dest="micro_batches", type=int, help="with --stages: e2e micro-batches")
     p.add_argument("--out", default="reports/seams.json", help="report path")
     p.set_defaults(fn=cmd_seams)
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 TOKENIZERS = ("qwen", "bytes")
 OBJECTIVES = ("aux_head", "detached_head", "shared_head")
+SCHEDULES = ("gpipe", "1f1b", "interleaved1f1b", "interleavedzb", "zbv", "dualpipev")  # seamkit.dist e2e
 DTYPES = ("float32", "float64", "bfloat16")
 PRUNE_MODES = ("base", "prune_exact")
 
@@ -112,7 +113,8 @@ class SeamsConfig:
     objective: str = "aux_head"  # local objective: aux_head, detached_head or shared_head
     aux_classes: int = 8192  # aux_head: K most frequent training tokens (+1 "other"), capped at vocab
     stages: int = 0  # >0: run as real pipeline stages on torch.distributed (issue: seamkit.dist)
-    micro_batches: int = 0  # e2e pipeline micro-batches; 0: one per stage
+    micro_batches: int = 0  # e2e pipeline micro-batches; 0: 2 per stage (or the largest divisor of batch below)
+    schedule: str = "1f1b"  # e2e pipeline schedule on real stages (torch.distributed.pipelining), see SCHEDULES
 
     def __post_init__(self):
         if self.objective not in OBJECTIVES:
@@ -120,6 +122,8 @@ class SeamsConfig:
         _positive("seams", aux_classes=self.aux_classes)
         if self.stages < 0 or self.micro_batches < 0:
             raise ConfigError("seams.stages and seams.micro_batches must be >= 0")
+        if self.schedule not in SCHEDULES:
+            raise ConfigError(f"seams.schedule must be one of {SCHEDULES}, got {self.schedule!r}")
 
 
 @dataclass
