@@ -69,6 +69,9 @@ def run_rank(cfg: RunConfig, plan, rank: int, arms, local_rank: int = 0, init_me
         torch.set_num_threads(cfg.train.threads)
     device = resolve_device(cfg.train.device)
     if device.type == "cuda":  # one GPU per rank: NCCL needs as many GPUs as stages
+        if local_rank >= torch.cuda.device_count():
+            raise ConfigError(f"rank {rank} needs cuda:{local_rank}, but this machine has "
+                              f"{torch.cuda.device_count()} GPU(s): NCCL stages need one GPU each")
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
     backend = "nccl" if device.type == "cuda" else "gloo"
@@ -150,6 +153,9 @@ def launch(cfg: RunConfig, out_path, stages: int | None = None, callback: Callab
     threads = cfg.train.threads or max(1, (os.cpu_count() or 1) // stages)
     cfg = C.override(cfg, {"seams.stages": stages, "train.threads": threads})
     plan = make_plan(cfg, stages, queue, wire_dtype)
+    if resolve_device(cfg.train.device).type == "cuda" and torch.cuda.device_count() < stages:
+        raise ConfigError(f"{stages} stages on CUDA need {stages} GPUs (one per rank, NCCL); "
+                          f"this machine has {torch.cuda.device_count()}")
     load_corpus(cfg.data)  # fill the cache once here, not S times at once
     out_path = Path(out_path)
     rundir = Path(tempfile.mkdtemp(prefix="seamkit-dist-"))

@@ -119,3 +119,26 @@ def make_plan(cfg: RunConfig, stages: int, queue: int = 2, wire_dtype: str | Non
     e2e_segs = segments(parse_seams(str(len(owner) - 1), n), n)
     return Plan(stages=stages, seams=seams, segs=segments(seams, n), schedule=schedule, micro_batches=m,
                 e2e_segs=e2e_segs, owner=owner, queue=queue, wire_dtype=wire)
+
+
+def describe(cfg: RunConfig, plan: Plan, device: str) -> dict:
+    """What a run of `plan` executes on `device` ("cpu" or "cuda"), rank by rank, without running
+    it: backend, device, autocast, segments, the P2P traffic each step must carry."""
+    gpu = device == "cuda"
+    bf16 = gpu and cfg.train.dtype in ("float32", "bfloat16")  # model.autocast's rule
+    wire = WIRE_DTYPES[plan.wire_dtype]
+    act = cfg.data.batch * cfg.model.seq * cfg.model.dim * torch.empty((), dtype=wire).element_size()
+    return {
+        "backend": "nccl" if gpu else "gloo",
+        "devices_needed": plan.stages if gpu else 0,
+        "autocast": "bfloat16" if bf16 else None,
+        "wire_dtype": plan.wire_dtype,
+        "clocks": "torch.cuda.synchronize before every reading and after every timed wait" if gpu else "perf_counter",
+        "ranks": [{"rank": r, "device": f"cuda:{r}" if gpu else "cpu",
+                   "e2e_segments": [plan.e2e_segs[v] for v in plan.held_by(r)],
+                   "local_segment": plan.segs[r]} for r in range(plan.stages)],
+        "e2e": {"schedule": plan.schedule, "class": SCHEDULE_CLASSES[plan.schedule][0],
+                "micro_batches": plan.micro_batches, "crossings": plan.crossings(),
+                "bytes_per_step": 2 * len(plan.crossings()) * act},
+        "local": {"seams": plan.seams, "bytes_per_step": (plan.stages - 1) * act, "queue": plan.queue},
+    }
