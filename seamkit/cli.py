@@ -79,12 +79,16 @@ def _exit_code(status) -> int:
 def cmd_seams(args) -> int:
     from .train import seams_study, summary_table
     cfg = build_config(args)
+    extra = None
     if cfg.seams.stages > 0:  # real pipeline stages, one process per segment (seamkit.dist)
-        from .dist import launch
+        from .dist import launch, summary
         report = launch(cfg, Path(args.out))
+        extra = summary(report)
     else:
         report = seams_study(cfg, Path(args.out))
     print(summary_table(report))
+    if extra:
+        print(extra)
     print(f"report: {args.out}")
     return _exit_code(report.get("status"))
 

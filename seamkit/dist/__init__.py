@@ -36,10 +36,10 @@ Entry points:
   seamkit.dist.launch(cfg, out_path, stages)     (from a notebook; returns the report)
 """
 
-from .assemble import assemble
+from .assemble import assemble, summary
 from .launch import DistError, launch, main, parser, run_rank
 from .plan import SCHEDULE_CLASSES, WIRE_DTYPES, Plan, make_plan
 from .wire import measured_bytes
 
 __all__ = ["DistError", "Plan", "SCHEDULE_CLASSES", "WIRE_DTYPES", "assemble", "launch", "main", "make_plan",
-           "measured_bytes", "parser", "run_rank"]
+           "measured_bytes", "parser", "run_rank", "summary"]

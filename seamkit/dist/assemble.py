@@ -112,3 +112,14 @@ def assemble(cfg: RunConfig, plan: Plan, parts: dict, backend: str, isolation: s
                    for arm, ranks in parts.items()},
     })
     return report
+
+
+def summary(report: dict) -> str:
+    """Lines to print under `train.summary_table`: the schedule, measured bytes and bubbles."""
+    s, lines = report["schedule"], []
+    for arm, m in report["measured_bytes"].items():
+        what = f"e2e {s['e2e']}, {s['micro_batches']} micro-batches" if arm == "e2e" else "local"
+        lines.append(f"{what}: measured {m['per_step']:,} B/step over {m['crossings']} crossing(s), analytic "
+                     f"{m['analytic_per_step']:,}; bubble {report['bubble'][arm]:.3f}")
+    lines.append(f"measured bytes agree with the analytic ones: {report['measured_matches_analytic']}")
+    return "\n".join(lines)

@@ -41,7 +41,7 @@ from ..data import load_corpus
 from ..model import resolve_device
 from ..report import atomic_write_text, write_report
 from ..train import ARMS, ProgressBars, fanout
-from .assemble import assemble
+from .assemble import assemble, summary
 from .e2e import E2ERun
 from .local import LocalRun
 from .plan import WIRE_DTYPES, make_plan
@@ -358,7 +358,7 @@ def _worker(args) -> int:
             write_report(args.out, report, "seams")
             from ..train import summary_table
             print(summary_table(report))
-            print(f"measured bytes agree with the analytic ones: {report['measured_matches_analytic']}")
+            print(summary(report))
             print(f"report: {args.out}")
         sys.stdout.flush()
         sys.stderr.flush()
@@ -426,6 +426,6 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     from ..train import summary_table
     print(summary_table(report))
-    print(f"measured bytes agree with the analytic ones: {report['measured_matches_analytic']}")
+    print(summary(report))
     print(f"report: {args.out}")
     return 0 if report.get("status") == "complete" else 1
