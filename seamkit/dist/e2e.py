@@ -131,7 +131,7 @@ class E2ERun(RankRun):
                     vec[n + 1 + v] = seg.bad
                     seg.bad.zero_()
                 if self.rank == self.loss_rank:
-                    total = torch.zeros((), device=self.device)
+                    total = torch.zeros((), device=self.device, dtype=self.dtype)
                     for loss in losses:  # micro-batch order, as one process adds them
                         total += loss.detach()
                     vec[n] = total
