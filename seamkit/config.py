@@ -114,7 +114,7 @@ class SeamsConfig:
     aux_classes: int = 8192  # aux_head: K most frequent training tokens (+1 "other"), capped at vocab
     stages: int = 0  # >0: run as real pipeline stages on torch.distributed (issue: seamkit.dist)
     micro_batches: int = 0  # e2e pipeline micro-batches; 0: 2 per stage (or the largest divisor of batch below)
-    schedule: str = "1f1b"  # e2e pipeline schedule on real stages (torch.distributed.pipelining), see SCHEDULES
+    schedule: str = "1f1b"  # e2e schedule on real stages (torch.distributed.pipelining); provisional until bench/dist.py
 
     def __post_init__(self):
         if self.objective not in OBJECTIVES:

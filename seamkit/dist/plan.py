@@ -76,8 +76,8 @@ def stage_seams(cfg: RunConfig, stages: int) -> list[int]:
 
 
 def default_micro_batches(schedule: str, stages: int, batch: int) -> int:
-    """seams.micro_batches=0: 2S (the fastest M on CPU in bench/results/dist.json), or the
-    largest divisor of the batch below that."""
+    """seams.micro_batches=0: 2S, or the largest divisor of the batch below that. Provisional:
+    bench/dist.py has not yet run under the bench lock; its fastest CPU M should replace this."""
     return max(d for d in range(1, min(2 * stages, batch) + 1) if batch % d == 0)
 
 
