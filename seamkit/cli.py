@@ -31,9 +31,10 @@ def build_config(args) -> C.RunConfig:
     ov = C.parse_overrides(args.overrides)
     for flag, key in (("seed", "train.seed"), ("threads", "train.threads"), ("budget", "train.budget_seconds"),
                       ("max_steps", "train.max_steps"), ("objective", "seams.objective"), ("seams", "seams.seams"),
-                      ("stages", "seams.stages"), ("windows", "prune.windows"), ("samples", "prune.samples"),
+                      ("stages", "seams.stages"), ("schedule", "seams.schedule"),
+                      ("micro_batches", "seams.micro_batches"), ("windows", "prune.windows"), ("samples", "prune.samples"),
                       ("policy", "prune.policy"), ("dtype", "prune.dtype"), ("repeats", "seams.repeats"),
-                      ("order", "seams.order"), ("schedule", "train.schedule"), ("exact", "prune.exact"),
+                      ("order", "seams.order"), ("lr_schedule", "train.schedule"), ("exact", "prune.exact"),
                       ("reference", "prune.reference")):
         value = getattr(args, flag, None)
         if value is not None:
@@ -114,12 +115,16 @@ def cmd_seams(args) -> int:
     cfg = build_config(args)
     check_writable(args.out)
     check_writable(checkpoint_path(args.out, "e2e"))
+    extra = None
     if cfg.seams.stages > 0:  # real pipeline stages, one process per segment (seamkit.dist)
-        from .dist import launch
+        from .dist import launch, summary
         report = launch(cfg, Path(args.out))
+        extra = summary(report)
     else:
         report = seams_study(cfg, Path(args.out))
     print(summary_table(report))
+    if extra:
+        print(extra)
     print(f"report: {args.out}")
     return _exit_code(report.get("status"))
 
@@ -170,7 +175,8 @@ def parser() -> argparse.ArgumentParser:
     _common(p)
     p.add_argument("--budget", type=float, help="seconds of training (train.budget_seconds)")
     p.add_argument("--max-steps", dest="max_steps", type=int, help="train.max_steps")
-    p.add_argument("--schedule", choices=C.SCHEDULES, help="LR schedule by budget share or by step (train.schedule)")
+    p.add_argument("--lr-schedule", dest="lr_schedule", choices=C.LR_SCHEDULES,
+                   help="LR schedule by budget share or by step (train.schedule)")
     p.add_argument("--out", default="runs/train", help="output directory")
     p.set_defaults(fn=cmd_train)
 
@@ -183,7 +189,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--stages", type=int, help="run as S real pipeline stages on torch.distributed")
     p.add_argument("--repeats", type=int, help="seeds to repeat the study for, paired (seams.repeats)")
     p.add_argument("--order", choices=C.ORDERS, help="arms take turns in slices, or run one after the other")
-    p.add_argument("--schedule", choices=C.SCHEDULES, help="LR schedule by budget share or by step (train.schedule)")
+    p.add_argument("--lr-schedule", dest="lr_schedule", choices=C.LR_SCHEDULES,
+                   help="LR schedule by budget share or by step (train.schedule)")
+    p.add_argument("--schedule", choices=C.PIPELINE_SCHEDULES, help="with --stages: the e2e pipeline schedule")
+    p.add_argument("--micro-batches", dest="micro_batches", type=int, help="with --stages: e2e micro-batches")
     p.add_argument("--out", default="reports/seams.json", help="report path")
     p.set_defaults(fn=cmd_seams)
 

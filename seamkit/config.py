@@ -15,9 +15,10 @@ from dataclasses import dataclass, field
 
 TOKENIZERS = ("qwen", "bytes")
 OBJECTIVES = ("aux_head", "detached_head", "shared_head")
+PIPELINE_SCHEDULES = ("gpipe", "1f1b", "interleaved1f1b", "interleavedzb", "zbv", "dualpipev")  # seamkit.dist e2e
 DTYPES = ("float32", "float64", "bfloat16")
 PRUNE_MODES = ("base", "prune_exact")
-SCHEDULES = ("budget", "steps")
+LR_SCHEDULES = ("budget", "steps")
 ORDERS = ("interleaved", "sequential")
 
 
@@ -110,8 +111,8 @@ class TrainConfig:
             raise ConfigError(f"train.dtype must be one of {DTYPES}, got {self.dtype!r}")
         if self.warmup_steps < 0 or self.decay_steps < 0:
             raise ConfigError("train.warmup_steps and train.decay_steps must be >= 0")
-        if self.schedule not in SCHEDULES:
-            raise ConfigError(f"train.schedule must be one of {SCHEDULES}, got {self.schedule!r}")
+        if self.schedule not in LR_SCHEDULES:
+            raise ConfigError(f"train.schedule must be one of {LR_SCHEDULES}, got {self.schedule!r}")
         if not 0.0 <= self.warmup_frac < 1.0:
             raise ConfigError(f"train.warmup_frac must be in [0, 1), got {self.warmup_frac}")
         if self.eval_tokens < 0:
@@ -124,11 +125,12 @@ class SeamsConfig:
     objective: str = "aux_head"  # local objective: aux_head, detached_head or shared_head
     aux_classes: int = 8192  # aux_head: K most frequent training tokens (+1 "other"), capped at vocab
     stages: int = 0  # >0: run as real pipeline stages on torch.distributed (issue: seamkit.dist)
-    micro_batches: int = 0  # e2e pipeline micro-batches; 0: one per stage
-    order: str = "interleaved"  # "interleaved": the arms take turns in slices; "sequential": e2e, then local
+        order: str = "interleaved"  # "interleaved": the arms take turns in slices; "sequential": e2e, then local
     slice_seconds: float = 2.0  # interleaved: training seconds an arm runs before the other takes its turn
     repeats: int = 1  # seeds train.seed, train.seed+1, ...; both arms share each seed (paired)
     token_marks: int = 3  # held-out loss of both arms at this many equal token counts
+    micro_batches: int = 0  # e2e pipeline micro-batches; 0: 2 per stage (or the largest divisor of batch below)
+    schedule: str = "1f1b"  # e2e schedule on real stages (torch.distributed.pipelining); provisional until bench/dist.py
 
     def __post_init__(self):
         if self.objective not in OBJECTIVES:
@@ -139,6 +141,8 @@ class SeamsConfig:
         _positive("seams", aux_classes=self.aux_classes)
         if self.stages < 0 or self.micro_batches < 0:
             raise ConfigError("seams.stages and seams.micro_batches must be >= 0")
+        if self.schedule not in PIPELINE_SCHEDULES:
+            raise ConfigError(f"seams.schedule must be one of {PIPELINE_SCHEDULES}, got {self.schedule!r}")
 
 
 @dataclass

@@ -1,8 +1,8 @@
-"""Seams as real pipeline stages (seamkit.dist): CPU, gloo, tiny preset.
+"""Seams as real pipeline stages (seamkit.dist): CPU, gloo, tiny preset, one thread a rank.
 
 Process groups are slow to start on a small machine, so the runs are few and shared: one
-2-stage launch (both arms) through `launch`, one 3-stage run through torchrun, one run with a
-rank that is killed, one run interrupted with Ctrl-C.
+2-stage launch (both arms, 1f1b), one 3-stage run through torchrun, one e2e launch per
+multi-stage schedule, and one launch per planted fault.
 """
 
 import json
@@ -22,7 +22,10 @@ import torch
 from seamkit import config as C
 from seamkit import dist as D
 from seamkit import train as T
+from seamkit.cli import build_config
+from seamkit.cli import parser as cli_parser
 from seamkit.data import RowLoader, eval_batches, load_corpus
+from seamkit.dist.stage import SLOW_S
 from seamkit.model import lm_loss
 from seamkit.report import load_report
 from tests.conftest import ROOT
@@ -38,7 +41,7 @@ def tiny(**kw) -> C.RunConfig:
 @pytest.fixture(scope="module")
 def two(tmp_path_factory):
     d = tmp_path_factory.mktemp("dist2")
-    cfg = tiny()
+    cfg = tiny(**{"seams.schedule": "1f1b", "seams.micro_batches": 2})
     report = D.launch(cfg, d / "seams.json", 2, progress=False, save_state=str(d / "state"))
     return cfg, report, d
 
@@ -47,13 +50,26 @@ def two(tmp_path_factory):
 def three(tmp_path_factory):
     """Three stages through torchrun (`python -m torch.distributed.run`) and `-m seamkit.dist`."""
     d = tmp_path_factory.mktemp("dist3")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "3", "--master-port", str(_free_port()), "-m", "seamkit.dist", "--preset", "tiny",
-           "--max-steps", str(STEPS), "--budget", "600", "--threads", "1", "--save-state", str(d / "state"),
-           "--out", str(d / "seams.json")]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "3", "--master-port", str(_free_port()),
+           "-m", "seamkit.dist", "--preset", "tiny", "--schedule", "gpipe", "--max-steps", str(STEPS),
+           "--budget", "600", "--threads", "1", "--save-state", str(d / "state"), "--out", str(d / "seams.json")]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT,
                          env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert out.returncode == 0, out.stderr[-3000:]
-    return tiny(), load_report(d / "seams.json", "seams"), d
+    return tiny(**{"seams.schedule": "gpipe"}), load_report(d / "seams.json", "seams"), d
+
+
+_SCHEDULE_RUNS = {}
+
+
+def schedule_run(schedule: str, tmp_path_factory):
+    """An e2e-only launch of a multi-stage schedule: 2 ranks, 4 segments, 4 micro-batches."""
+    if schedule not in _SCHEDULE_RUNS:
+        d = tmp_path_factory.mktemp(f"dist_{schedule}")
+        cfg = tiny(**{"seams.schedule": schedule, "seams.micro_batches": 4})
+        report = D.launch(cfg, d / "seams.json", 2, progress=False, save_state=str(d / "state"), arms=("e2e",))
+        _SCHEDULE_RUNS[schedule] = (cfg, report, d)
+    return _SCHEDULE_RUNS[schedule]
 
 
 def _free_port() -> int:
@@ -63,14 +79,13 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _stage_states(d, arm: str, stages: int) -> tuple[dict, list]:
-    model, heads = {}, []
+def _stage_states(d, arm: str, stages: int) -> dict:
+    model = {}
     for k in range(stages):
         s = torch.load(d / "state" / f"{arm}-rank{k}.pt")
         assert not model.keys() & s["stage"].keys()
         model.update(s["stage"])
-        heads.append(s["head"])
-    return model, heads
+    return model
 
 
 # ----------------------------------------------------------------------------- the runs finish, bytes agree
@@ -86,15 +101,17 @@ def test_runs_finish_and_measured_bytes_equal_analytic(run, request):
     B, seq, dim = cfg.data.batch, cfg.model.seq, cfg.model.dim
     assert report["wire_dtype"] == "float32" and b["activation_bytes_per_seam"] == B * seq * dim * 4
     assert b["seams"] == S - 1 and report["bytes_reference_bf16"]["activation_bytes_per_seam"] == B * seq * dim * 2
+    assert report["comparison"].startswith(f"local vs e2e {report['schedule']['e2e']} with {report['micro_batches']}")
     for arm in ("e2e", "local"):
         a = report["arms"][arm]
         assert a["steps"] == STEPS and a["status"] == "complete"
         assert all(math.isfinite(v) for v in a["loss_curve"]) and math.isfinite(a["final_loss"])
         m = report["measured_bytes"][arm]
         assert m["sent_equals_received"] and m["agrees"] and m["steps"] == STEPS
-        for seam in m["per_seam"]:
-            assert seam["activation_bytes_per_step"] == b["activation_bytes_per_seam"]
-            assert seam["gradient_bytes_per_step"] == (b["activation_bytes_per_seam"] if arm == "e2e" else 0)
+        for row in m["per_boundary"]:
+            assert row["activation_bytes_per_step"] == b["activation_bytes_per_seam"]
+            assert row["gradient_bytes_per_step"] == (b["activation_bytes_per_seam"] if arm == "e2e" else 0)
+        # single-stage schedules: the crossings are the S-1 seams, so the reference's formula holds
         assert m["per_step"] == (b["e2e_per_step"] if arm == "e2e" else b["local_per_step"])
     # local: no stage ever receives a gradient message (counted on the receiving side)
     assert report["measured_bytes"]["local"]["gradient_messages_received"] == 0
@@ -108,21 +125,28 @@ def test_the_bytes_check_can_fail(two):
     """measured_bytes recomputed from the ranks' counts agrees; one lost message makes it disagree."""
     cfg, report, _ = two
     plan = D.make_plan(cfg, 2)
+    act = report["bytes"]["activation_bytes_per_seam"]
     ranks = [dict(r) for r in report["per_rank"]["e2e"]]
-    assert D.measured_bytes("e2e", ranks, plan, report["bytes"]) == report["measured_bytes"]["e2e"]
+    again = D.measured_bytes("e2e", ranks, plan.crossings(), plan.owner, act, plan.micro_batches)
+    assert again == report["measured_bytes"]["e2e"]
     ranks[1] = {**ranks[1], "traffic": [{**c, "bytes": c["bytes"] - 4} if c["kind"] == "gradient" else c
                                         for c in ranks[1]["traffic"]]}
-    bad = D.measured_bytes("e2e", ranks, plan, report["bytes"])
+    bad = D.measured_bytes("e2e", ranks, plan.crossings(), plan.owner, act, plan.micro_batches)
     assert not bad["agrees"] and not bad["sent_equals_received"]
 
 
-def test_wait_and_compute_are_reported(two):
+def test_each_arm_runs_in_fresh_processes_and_reports_growth(two):
+    """launch: no rank process runs both arms, so each arm's peak starts from its own baseline."""
     _, report, _ = two
+    pids = {arm: {r["pid"] for r in report["per_rank"][arm]} for arm in ("e2e", "local")}
+    assert len(pids["e2e"]) == 2 and not pids["e2e"] & pids["local"]
+    assert report["arm_isolation"].startswith("process")
     for arm in ("e2e", "local"):
         for r in report["per_rank"][arm]:
-            assert r["compute_s"] > 0 and r["wait_s"] >= 0 and 0 <= r["wait_share"] <= 1
-            assert r["wait_s"] == pytest.approx(r["recv_wait_s"] + r["send_wait_s"])
-    assert set(report["bubble"]) == {"e2e", "local"}
+            assert r["peak_rss_growth_bytes"] == r["peak_rss_bytes"] - r["rss_start_bytes"] >= 0
+        assert report["arms"][arm]["peak_rss_growth_bytes"] == max(
+            r["peak_rss_growth_bytes"] for r in report["per_rank"][arm])
+    assert report["local_over_e2e"]["peak_memory_growth"] is not None
 
 
 # ----------------------------------------------------------------------------- same numbers as one process
@@ -138,34 +162,40 @@ def _reference_e2e(cfg, corpus, micro_batches: int) -> tuple[dict, float, float]
         if micro_batches == 0:
             loss = T.train_step(a, x_BT, y_BT, T.lr_at(step, cfg.train), cfg.train.grad_clip)[0]
             continue
-        loss = 0.0
+        loss = torch.zeros(())
         for x, y in zip(x_BT.chunk(micro_batches), y_BT.chunk(micro_batches)):
             mb = lm_loss(a.model(x), y) / micro_batches
             mb.backward()
-            loss += mb.item()
+            loss += mb.detach()
         torch.nn.utils.clip_grad_norm_(a.model.parameters(), cfg.train.grad_clip)
         for g in a.opt.param_groups:
             g["lr"] = T.lr_at(step, cfg.train)
         a.opt.step()
         a.opt.zero_grad(set_to_none=True)
+        loss = loss.item()
     held_out = eval_batches(corpus, "val", cfg.data.batch, cfg.model.seq, cfg.train.eval_batches)
     return a.model.state_dict(), loss, T.evaluate(a, held_out)
+
+
+def _check_equal_to_one_process(cfg, report, d):
+    corpus = load_corpus(cfg.data)
+    got = _stage_states(d, "e2e", report["stages"])
+    lossr = report["per_rank"]["e2e"][report["schedule"]["e2e_owner"][-1]]  # unrounded losses
+    want, loss, final = _reference_e2e(cfg, corpus, report["micro_batches"])
+    assert got.keys() == want.keys()
+    for name in want:
+        assert torch.equal(got[name], want[name]), name
+    assert lossr["loss"] == loss and lossr["final_loss"] == final
+    return got, lossr, corpus
 
 
 @pytest.mark.parametrize("run", ["two", "three"])
 def test_e2e_matches_single_process(run, request):
     """Exactly equal to one process doing the same micro-batched steps: same kernels (one thread
-    each), same order of gradient accumulation, and the clip's total norm from the same
-    per-tensor norms stacked in the same order."""
+    each), same order of gradient accumulation (micro-batch order on every stage), and the clip's
+    total norm from the same per-tensor norms stacked in the same order."""
     cfg, report, d = request.getfixturevalue(run)
-    corpus = load_corpus(cfg.data)
-    got, _ = _stage_states(d, "e2e", report["stages"])
-    last = report["per_rank"]["e2e"][-1]  # unrounded losses
-    want, loss, final = _reference_e2e(cfg, corpus, report["micro_batches"])
-    assert got.keys() == want.keys()
-    for name in want:
-        assert torch.equal(got[name], want[name]), name
-    assert last["final_loss"] == final
+    got, lossr, corpus = _check_equal_to_one_process(cfg, report, d)
     # The study's e2e arm takes the whole batch in one backward: each gradient is then the
     # same mean summed in another order, a few float32 ulps (eps 1.2e-7) away. Losses agree to
     # 1e-6 relative. Weights get a looser bound: Adam divides every coordinate by its own
@@ -173,11 +203,30 @@ def test_e2e_matches_single_process(run, request):
     # gradient can move the update by a visible fraction of lr. We allow 1e-5, 2% of one
     # warm-up step (lr_at(0) = 5e-4); measured: about 5e-7.
     whole, loss_whole, final_whole = _reference_e2e(cfg, corpus, 0)
-    assert last["loss"] == pytest.approx(loss_whole, rel=1e-6)
-    assert last["final_loss"] == pytest.approx(final_whole, rel=1e-6)
+    assert lossr["loss"] == pytest.approx(loss_whole, rel=1e-6)
+    assert lossr["final_loss"] == pytest.approx(final_whole, rel=1e-6)
     diffs = [(got[n] - whole[n]).abs().max().item() for n in whole]
     assert max(diffs) > 0  # another computation: the exact check above tells them apart
     assert max(diffs) < 1e-5
+
+
+@pytest.mark.parametrize("schedule", ["interleaved1f1b", "interleavedzb", "zbv", "dualpipev"])
+def test_multi_stage_schedules_match_one_process_and_count_their_crossings(schedule, tmp_path_factory):
+    """Two segments a rank: weights torch.equal to one process's micro-batched steps, and the
+    counted bytes equal the crossings' (loop placement: 3 crossings; V placement: 2, the middle
+    hand-over stays on the last rank)."""
+    cfg, report, d = schedule_run(schedule, tmp_path_factory)
+    assert report["arms"]["e2e"]["status"] == "complete" and report["arms"]["local"]["status"] == "not_run"
+    sch = report["schedule"]
+    assert sch["e2e"] == schedule and sch["virtual_stages"] == 4
+    assert sch["e2e_owner"] == ([0, 1, 0, 1] if "interleaved" in schedule else [0, 1, 1, 0])
+    m = report["measured_bytes"]["e2e"]
+    crossings = 3 if "interleaved" in schedule else 2
+    act = report["bytes"]["activation_bytes_per_seam"]
+    assert m["crossings"] == crossings and m["per_step"] == m["analytic_per_step"] == 2 * crossings * act
+    assert m["agrees"] and m["sent_equals_received"]
+    assert m["gradient_messages_received"] == crossings * 4 * STEPS
+    _check_equal_to_one_process(cfg, report, d)
 
 
 @pytest.mark.parametrize("run", ["two", "three"])
@@ -192,44 +241,126 @@ def test_local_matches_single_process(run, request):
     for step in range(STEPS):
         x_BT, y_BT = loader.next()
         T.train_step(a, x_BT, y_BT, T.lr_at(step, cfg.train), cfg.train.grad_clip)
-    got, heads = _stage_states(d, "local", report["stages"])
+    got = _stage_states(d, "local", report["stages"])
     want = a.model.state_dict()
     assert got.keys() == want.keys()
     for name in want:
         assert torch.equal(got[name], want[name]), name
-    assert heads[-1] is None
     for k, head in enumerate(a.heads):
+        s = torch.load(d / "state" / f"local-rank{k}.pt")
         for name, w in head.state_dict().items():
-            assert torch.equal(heads[k][name], w), (k, name)
+            assert torch.equal(s["head"][name], w), (k, name)
 
 
-# ----------------------------------------------------------------------------- plans
+# ----------------------------------------------------------------------------- plans and flags
 
 def test_plan_rules():
     cfg = C.tiny()
     assert D.make_plan(cfg, 2).seams == [1] and D.make_plan(cfg, 4).segs == [[0], [1], [2], [3]]
-    assert D.make_plan(cfg, 3).micro_batches == 2  # batch 4: the largest divisor <= 3
+    assert D.make_plan(cfg, 2).micro_batches == 4  # 2 per stage
+    assert D.make_plan(cfg, 3).micro_batches == 4  # batch 4: the largest divisor <= 6
     assert D.make_plan(C.override(cfg, {"seams.seams": "0,1"}), 3).seams == [0, 1]  # S-1 seams named: kept
+    zbv = D.make_plan(C.override(cfg, {"seams.schedule": "zbv"}), 2)
+    assert zbv.owner == [0, 1, 1, 0] and zbv.crossings() == [0, 2] and zbv.e2e_segs == [[0], [1], [2], [3]]
     with pytest.raises(C.ConfigError, match="1..4 stages"):
         D.make_plan(cfg, 5)
     with pytest.raises(C.ConfigError, match="does not divide"):
         D.make_plan(C.override(cfg, {"seams.micro_batches": 3}), 2)
     with pytest.raises(C.ConfigError, match="aux_head only"):
         D.make_plan(C.override(cfg, {"seams.objective": "shared_head"}), 2)
+    with pytest.raises(C.ConfigError, match="6 segments, but the model has 4 blocks"):
+        D.make_plan(C.override(cfg, {"seams.schedule": "zbv"}), 3)
+    with pytest.raises(C.ConfigError, match="1f1b needs micro_batches >= stages"):
+        D.make_plan(C.override(cfg, {"seams.schedule": "1f1b", "seams.micro_batches": 1}), 2)
+    with pytest.raises(C.ConfigError, match="dualpipev needs micro_batches >= 2 x stages"):
+        D.make_plan(C.override(cfg, {"seams.schedule": "dualpipev", "seams.micro_batches": 2}), 2)
+    with pytest.raises(C.ConfigError, match="seams.schedule must be one of"):
+        C.override(cfg, {"seams.schedule": "pipedream"})
+
+
+def test_cli_flags_reach_the_config():
+    args = cli_parser().parse_args(["seams", "--stages", "2", "--schedule", "zbv", "--micro-batches", "8"])
+    cfg = build_config(args)
+    assert (cfg.seams.stages, cfg.seams.schedule, cfg.seams.micro_batches) == (2, "zbv", 8)
+
+
+# ----------------------------------------------------------------------------- the bubble is timed
+
+def test_wait_timers_see_a_slow_neighbour(tmp_path, monkeypatch):
+    """Rank 0 computes SLOW_S more every step (a planted sleep inside its compute timer): rank 1
+    must show it as wait in both arms. Remove a wait timer and its wait drops to ~0. Compute and
+    wait are timed apart, so they must also fit inside the elapsed time."""
+    monkeypatch.setenv("SEAMKIT_DIST_FAULT", "0:*:slow")
+    cfg = tiny(**{"seams.schedule": "gpipe", "seams.micro_batches": 2})
+    report = D.launch(cfg, tmp_path / "r.json", 2, progress=False)
+    for arm in ("e2e", "local"):
+        r0, r1 = report["per_rank"][arm]
+        assert r0["compute_s"] >= STEPS * SLOW_S
+        # at least half of the planted time: the ranks leave the start barrier a few scheduler
+        # ticks apart on a busy machine; without the wait timers it is 0
+        assert r1["wait_s"] >= 0.5 * STEPS * SLOW_S, (arm, r1)
+        for r in (r0, r1):
+            assert r["compute_s"] + r["wait_s"] <= r["elapsed_s"] * 1.001 + 1e-3, (arm, r)
 
 
 # ----------------------------------------------------------------------------- faults
 
+def test_nan_on_one_rank_fails_e2e_at_once_naming_it(tmp_path, monkeypatch):
+    """Rank 0's output turns NaN at step 1; the loss goes NaN on rank 1; the all_reduce names
+    the first segment that went non-finite, so the report blames rank 0, not the loss's rank."""
+    monkeypatch.setenv("SEAMKIT_DIST_FAULT", "0:1:nan:e2e")
+    cfg = tiny(**{"train.max_steps": 0, "train.budget_seconds": 45.0, "seams.schedule": "gpipe"})
+    t0 = time.monotonic()
+    report = D.launch(cfg, tmp_path / "r.json", 2, progress=False)
+    assert time.monotonic() - t0 < 40  # the budget is 45 s: only the fault ended it
+    e2e = report["arms"]["e2e"]
+    assert report["status"] == "failed" and e2e["status"] == "failed"
+    assert (e2e["failed_rank"], e2e["failed_step"], e2e["steps"]) == (0, 1, 1)
+    assert report["arms"]["local"]["status"] == "not_run"
+    assert all(r["status"] == "failed" and r["steps"] == 1 for r in report["per_rank"]["e2e"])
+    assert load_report(tmp_path / "r.json", "seams")["arms"]["e2e"]["failed_rank"] == 0
+
+
+def test_nan_on_one_rank_fails_local_at_once_naming_it(tmp_path, monkeypatch):
+    """The last of 3 local stages gets a NaN loss at step 2: rank 0 hears of it through the fault
+    store and stops every stage; no rank waits for the budget or the timeout."""
+    monkeypatch.setenv("SEAMKIT_DIST_FAULT", "2:2:nan:local")
+    cfg = tiny(**{"train.max_steps": 0, "train.budget_seconds": 45.0, "seams.schedule": "gpipe"})
+    t0 = time.monotonic()
+    report = D.launch(cfg, tmp_path / "r.json", 3, progress=False, arms=("local",), timeout_s=40)
+    assert time.monotonic() - t0 < 40  # the budget is 45 s: only the fault ended it
+    local = report["arms"]["local"]
+    assert report["status"] == "failed" and local["status"] == "failed"
+    assert (local["failed_rank"], local["failed_step"]) == (2, 2)
+    assert all(r["status"] == "failed" for r in report["per_rank"]["local"])
+    assert [r["failed_here"] for r in report["per_rank"]["local"]] == [False, False, True]
+    assert report["measured_bytes"]["local"]["sent_equals_received"]
+
+
+def test_a_rank_that_raises_ends_the_run_with_a_report(tmp_path, monkeypatch):
+    monkeypatch.setenv("SEAMKIT_DIST_FAULT", "1:2:raise:local")
+    cfg = tiny(**{"train.max_steps": 0, "train.budget_seconds": 300.0, "seams.schedule": "gpipe"})
+    t0 = time.monotonic()
+    with pytest.raises(D.DistError, match=r"^rank 1 died: RuntimeError: planted fault at step 2 \(local, step 2\)"):
+        D.launch(cfg, tmp_path / "r.json", 2, progress=False, timeout_s=60, arms=("local",))
+    assert time.monotonic() - t0 < 60
+    report = load_report(tmp_path / "r.json", "seams")
+    local = report["arms"]["local"]
+    assert report["status"] == "failed" and local["status"] == "failed"
+    assert (local["failed_rank"], local["failed_step"]) == (1, 2) and "planted fault" in local["error"]
+
+
 def test_killed_rank_ends_the_run_with_its_name(tmp_path, monkeypatch):
-    monkeypatch.setenv("SEAMKIT_DIST_FAULT", "1:2:kill")  # rank 1 kills itself at step 2 of e2e
+    monkeypatch.setenv("SEAMKIT_DIST_FAULT", "1:2:kill:e2e")  # rank 1 kills itself at step 2 of e2e
     cfg = tiny(**{"train.max_steps": 0, "train.budget_seconds": 300.0})
     t0 = time.monotonic()
     with pytest.raises(D.DistError, match=r"^rank 1 died: killed by SIGKILL") as e:
         D.launch(cfg, tmp_path / "r.json", 2, progress=False, timeout_s=60)
     assert time.monotonic() - t0 < 60
-    assert not (tmp_path / "r.json").exists()
-    logs = str(e.value).rsplit("logs in ", 1)[1].rstrip(")")  # kept for a user to read
-    assert (Path(logs) / "rank0.log").exists()
+    report = load_report(tmp_path / "r.json", "seams")
+    assert report["arms"]["e2e"]["status"] == "failed" and report["arms"]["e2e"]["failed_rank"] == 1
+    logs = str(e.value).split("logs in ", 1)[1].split(")", 1)[0]  # kept for a user to read
+    assert (Path(logs) / "e2e-rank0.log").exists()
     shutil.rmtree(logs)
 
 

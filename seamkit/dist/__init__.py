@@ -1,0 +1,45 @@
+"""Seams as real pipeline stages on torch.distributed: measured traffic, the best e2e schedule,
+asynchronous local training.
+
+The seams study (train.py) counts the traffic across seams on paper. Here the two arms run as a
+real pipeline, one process per rank, and every message that crosses a seam is counted.
+
+What runs where (plan.py). With S ranks the local arm has S segments, cut at the S-1 seams of
+`seams.seams` when that names exactly S-1, else spread evenly. The e2e arm runs a
+torch.distributed.pipelining schedule (`seams.schedule`: gpipe, 1f1b, interleaved1f1b,
+interleavedzb, zbv, dualpipev) with `seams.micro_batches` M per step; the multi-stage schedules
+cut the model into 2S segments and put two on every rank. Every rank builds the whole GPT from
+`train.seed` and keeps its segments, so the weights are those of the single-process arms.
+Backend gloo on CPU, NCCL on CUDA (one GPU per rank: a 2-rank NCCL run needs two GPUs).
+
+The arms:
+- e2e (e2e.py): the schedule's forwards and backwards, then one small all_reduce (gradient
+  norms, loss, non-finite flags, stop flag), a global-norm clip exactly as one process clips,
+  and one update. Equal to one process doing the same micro-batched step.
+- local (local.py): activations go forward only, at most `queue` steps of sends in flight; each
+  stage learns from its own loss and never waits for a gradient. Equal to the single-process
+  local arm.
+
+What crosses and how it is counted (wire.py): every P2P op is counted by kind (activation,
+gradient, control, fault, eval, allreduce) and boundary; `measured_bytes` must equal the analytic
+bytes of the arm's crossings. Wait time is timed where a rank blocks; compute is timed apart.
+
+How ranks start, fail and stop (launch.py): `launch` runs each arm on fresh processes (memory
+from each arm's own baseline); a non-finite loss ends the arm on every rank at once with
+`failed`, the rank and the step; a rank that raises or dies stops the run within a poll, and the
+report still says which rank, arm and step. Ctrl-C writes an `interrupted` report.
+
+Entry points:
+  torchrun --nproc-per-node S -m seamkit.dist --preset tiny --max-steps 5 --out r.json
+  python -m seamkit.dist --stages S --schedule 1f1b --micro-batches 8 ...
+  seamkit seams --stages S --schedule zbv --micro-batches 8 ...
+  seamkit.dist.launch(cfg, out_path, stages)     (from a notebook; returns the report)
+"""
+
+from .assemble import assemble, summary
+from .launch import DistError, launch, main, parser, run_rank
+from .plan import SCHEDULE_CLASSES, WIRE_DTYPES, Plan, make_plan
+from .wire import measured_bytes
+
+__all__ = ["DistError", "Plan", "SCHEDULE_CLASSES", "WIRE_DTYPES", "assemble", "launch", "main", "make_plan",
+           "measured_bytes", "parser", "run_rank", "summary"]

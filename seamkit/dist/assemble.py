@@ -1,0 +1,125 @@
+"""The seams report of a pipeline run, from what every rank returned for each arm.
+
+`train.build_report`'s keys, plus: the stages, the backend, the e2e schedule and its micro-
+batches (the comparison names them), the placement of the e2e segments, `measured_bytes` per
+arm (counted, against the analytic bytes of that arm's crossings), `per_rank` compute, wait and
+unaccounted time, `bubble` (the wait share of all ranks' time), memory per rank (peak and growth
+over the arm's own start), and for a failed arm the rank and step that failed.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .. import config as C
+from ..config import RunConfig
+from ..seams import traffic_bytes, traffic_ratios
+from ..train import ARMS, build_report
+from .plan import WIRE_DTYPES, Plan
+from .wire import measured_bytes
+
+
+def _growth(r: dict) -> int | None:
+    return None if r["rss_start_bytes"] is None else r["peak_rss_bytes"] - r["rss_start_bytes"]
+
+
+def arm_result(arm: str, cfg: RunConfig, plan: Plan, ranks: list[dict]) -> dict:
+    """One arm's result in `train.run_arm`'s shape, from its ranks."""
+    per_step = cfg.data.batch * cfg.model.seq
+    owner = plan.owner if arm == "e2e" else list(range(plan.stages))
+    lossr = ranks[owner[-1]]
+    statuses = [r["status"] for r in ranks]
+    status = "interrupted" if "interrupted" in statuses else "failed" if "failed" in statuses else "complete"
+    elapsed = max(r["elapsed_s"] for r in ranks)  # all ranks start together (a barrier)
+    steps = lossr["steps"]
+    pts = lossr["points"]
+    vram = [r["peak_vram_bytes"] for r in ranks if r["peak_vram_bytes"] is not None]
+    final = lossr["final_loss"]
+    culprit = next((r for r in ranks if r["failed_here"]), None)
+    growth = [g for g in map(_growth, ranks) if g is not None]
+    return {
+        "arm": arm, "status": status, "steps": steps, "tokens": steps * per_step, "elapsed_s": elapsed,
+        "tokens_per_s": steps * per_step / elapsed if elapsed > 0 else 0.0,
+        "final_loss": final, "final_ppl": math.exp(final) if final is not None else None,
+        "peak_vram_bytes": max(vram) if vram else None,  # the largest stage: what one device must hold
+        "peak_rss_bytes": max(r["peak_rss_bytes"] for r in ranks),
+        "rss_start_bytes": max(r["rss_start_bytes"] or 0 for r in ranks) or None,
+        "loss_curve": [p["loss"] for p in pts], "loss_curve_steps": [p["step"] for p in pts],
+        "loss_curve_elapsed_s": [p["elapsed_s"] for p in pts], "loss_curve_tokens": [p["tokens"] for p in pts],
+        "loss_curve_segments": [[p["loss"]] for p in pts],
+        "failed_step": culprit["failed_step"] if culprit else None,
+        "failed_rank": culprit["rank"] if culprit else None,
+        "peak_rss_growth_bytes": max(growth) if growth else None,
+        "max_step_s": max(r["max_step_s"] for r in ranks),
+        "objective": cfg.seams.objective if arm == "local" else None,
+        "segments": plan.segs if arm == "local" else [list(range(cfg.model.n_blocks))],
+        "checkpoint": None,
+    }
+
+
+def assemble(cfg: RunConfig, plan: Plan, parts: dict, backend: str, isolation: str,
+             failure: dict | None = None) -> dict:
+    """The report. `parts`: arm -> the ranks' results; `failure`: a rank that raised or died
+    ({"arm", "rank", "step", "error"}), which makes its arm `failed` without per-rank results."""
+    seams_cfg = C.override(cfg, {"seams.seams": ",".join(map(str, plan.seams)) or "none",
+                                 "seams.stages": plan.stages})
+    results = {arm: arm_result(arm, cfg, plan, ranks) for arm, ranks in parts.items()}
+    interrupted = any(r["status"] == "interrupted" for r in results.values())
+    report = build_report(seams_cfg, results, interrupted=interrupted)
+    for arm, r in results.items():  # ours, beside build_report's arm keys
+        report["arms"][arm].update({k: r[k] for k in ("failed_rank", "peak_rss_growth_bytes")})
+    if failure is not None:
+        a = report["arms"][failure["arm"]]
+        a.update(status="failed", failed_rank=failure["rank"], failed_step=failure["step"], error=failure["error"])
+        report["status"] = "failed"
+    wire_bytes = torch.empty((), dtype=WIRE_DTYPES[plan.wire_dtype]).element_size()
+    B, m = cfg.data.batch, cfg.model
+    b = traffic_bytes(m, B, len(plan.seams), act_bytes=wire_bytes)
+    report["bytes"] = b
+    report.update(traffic_ratios(b))
+    act = B * m.seq * m.dim * wire_bytes
+    measured = {}
+    for arm, ranks in parts.items():
+        if arm == "e2e":
+            measured[arm] = measured_bytes(arm, ranks, plan.crossings(), plan.owner, act, plan.micro_batches)
+        else:
+            measured[arm] = measured_bytes(arm, ranks, list(range(plan.stages - 1)), list(range(plan.stages)), act, 1)
+    ratio = report["local_over_e2e"]
+    growth = [report["arms"][a].get("peak_rss_growth_bytes") for a in ARMS]
+    ratio["peak_memory_growth"] = round(growth[1] / growth[0], 4) if all(growth) else None
+    report.update({
+        "stages": plan.stages,
+        "backend": backend,
+        "wire_dtype": plan.wire_dtype,
+        "wire_bytes_per_value": wire_bytes,
+        "bytes_reference_bf16": traffic_bytes(m, B, len(plan.seams)),
+        "micro_batches": plan.micro_batches,
+        "queue": plan.queue,
+        "schedule": {"e2e": plan.schedule, "micro_batches": plan.micro_batches, "virtual_stages": plan.virtual,
+                     "e2e_segments": plan.e2e_segs, "e2e_owner": plan.owner, "crossings": len(plan.crossings()),
+                     "local": f"async, at most {plan.queue} steps of sends in flight"},
+        "comparison": f"local vs e2e {plan.schedule} with {plan.micro_batches} micro-batches on {plan.stages} stages",
+        "arm_isolation": isolation,
+        "measured_bytes": measured,
+        "measured_matches_analytic": bool(measured) and all(x["agrees"] and x["sent_equals_received"]
+                                                            for x in measured.values()),
+        "per_rank": {arm: [{k: v for k, v in r.items() if k != "points"} | {
+            "wait_share": r["wait_s"] / r["elapsed_s"] if r["elapsed_s"] > 0 else 0.0,
+            "peak_rss_growth_bytes": _growth(r)} for r in ranks] for arm, ranks in parts.items()},
+        "bubble": {arm: sum(r["wait_s"] for r in ranks) / max(1e-12, sum(r["elapsed_s"] for r in ranks))
+                   for arm, ranks in parts.items()},
+    })
+    return report
+
+
+def summary(report: dict) -> str:
+    """Lines to print under `train.summary_table`: the schedule, measured bytes and bubbles."""
+    s, lines = report["schedule"], []
+    for arm, m in report["measured_bytes"].items():
+        what = f"e2e {s['e2e']}, {s['micro_batches']} micro-batches" if arm == "e2e" else "local"
+        lines.append(f"{what}: measured {m['per_step']:,} B/step over {m['crossings']} crossing(s), analytic "
+                     f"{m['analytic_per_step']:,}; bubble {report['bubble'][arm]:.3f}")
+    lines.append(f"measured bytes agree with the analytic ones: {report['measured_matches_analytic']}")
+    return "\n".join(lines)

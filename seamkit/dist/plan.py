@@ -1,0 +1,144 @@
+"""How a pipeline run is cut: stages, schedules, which rank holds which segment, what must cross.
+
+The local arm has S segments, one per rank (S-1 seams). The e2e arm runs a
+torch.distributed.pipelining schedule over V virtual stages: V = S for GPipe and 1F1B, V = 2S
+for the multi-stage schedules, which hold two segments on every rank, placed round-robin
+("loop": rank r holds r and r+S) or in a V ("v": rank r holds r and 2S-1-r, so the two middle
+segments sit on the last rank and hand over without a message). A boundary between two
+segments on different ranks is a crossing: every micro-batch sends its h_BTC forward across it
+and its gradient back. The analytic e2e traffic is therefore crossings x batch x seq x dim x
+wire bytes, twice; `wire.measured_bytes` compares the counted messages with it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..config import PIPELINE_SCHEDULES, ConfigError, RunConfig
+from ..seams import parse_seams, segments
+
+WIRE_DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
+# schedule -> (torch.distributed.pipelining class name, placement of the virtual stages)
+SCHEDULE_CLASSES = {
+    "gpipe": ("ScheduleGPipe", "single"),
+    "1f1b": ("Schedule1F1B", "single"),
+    "interleaved1f1b": ("ScheduleInterleaved1F1B", "loop"),
+    "interleavedzb": ("ScheduleInterleavedZeroBubble", "loop"),
+    "zbv": ("ScheduleZBVZeroBubble", "v"),
+    "dualpipev": ("ScheduleDualPipeV", "v"),
+}
+assert set(SCHEDULE_CLASSES) == set(PIPELINE_SCHEDULES)
+
+
+@dataclass
+class Plan:
+    """How a run is cut into stages; the same on every rank."""
+    stages: int  # ranks S
+    seams: list[int]  # local: block indices a seam follows (S-1 of them)
+    segs: list[list[int]]  # local: blocks of each rank
+    schedule: str  # e2e: a key of SCHEDULE_CLASSES
+    micro_batches: int  # e2e: micro-batches M per step
+    e2e_segs: list[list[int]]  # e2e: blocks of each virtual stage (V of them)
+    owner: list[int]  # e2e: rank holding each virtual stage
+    queue: int  # local: sends a stage may have in flight, in steps
+    wire_dtype: str  # what crosses a seam
+
+    @property
+    def virtual(self) -> int:
+        return len(self.e2e_segs)
+
+    def crossings(self) -> list[int]:
+        """Virtual boundaries v -> v+1 whose two segments sit on different ranks."""
+        return [v for v in range(self.virtual - 1) if self.owner[v] != self.owner[v + 1]]
+
+    def held_by(self, rank: int) -> list[int]:
+        return [v for v, r in enumerate(self.owner) if r == rank]
+
+
+def placement(schedule: str, S: int) -> list[int]:
+    style = SCHEDULE_CLASSES[schedule][1]
+    if style == "single":
+        return list(range(S))
+    if style == "loop":
+        return [v % S for v in range(2 * S)]
+    return list(range(S)) + list(reversed(range(S)))  # "v"
+
+
+def stage_seams(cfg: RunConfig, stages: int) -> list[int]:
+    """The S-1 seams: `seams.seams` when it names exactly S-1, else S-1 spread evenly."""
+    n = cfg.model.n_blocks
+    if not 1 <= stages <= n:
+        raise ConfigError(f"seams.stages={stages}: a model of {n} blocks runs on 1..{n} stages")
+    seams = parse_seams(cfg.seams.seams, n)
+    return seams if len(seams) == stages - 1 else parse_seams(str(stages - 1), n)
+
+
+def default_micro_batches(schedule: str, stages: int, batch: int) -> int:
+    """seams.micro_batches=0: 2S, or the largest divisor of the batch below that. Provisional:
+    bench/dist.py has not yet run under the bench lock; its fastest CPU M should replace this."""
+    return max(d for d in range(1, min(2 * stages, batch) + 1) if batch % d == 0)
+
+
+def check_schedule(schedule: str, S: int, M: int) -> None:
+    """What each pipelining schedule accepts, as one line a user can act on."""
+    if schedule == "1f1b" and M < S:
+        raise ConfigError(f"schedule 1f1b needs micro_batches >= stages ({S}), got {M}")
+    if schedule == "dualpipev" and M < 2 * S:
+        raise ConfigError(f"schedule dualpipev needs micro_batches >= 2 x stages ({2 * S}), got {M}")
+    if schedule in ("interleaved1f1b", "interleavedzb") and M % max(1, M // S):
+        raise ConfigError(f"schedule {schedule} needs micro_batches to be a multiple of "
+                          f"micro_batches // stages ({max(1, M // S)}), got {M}")
+    if schedule == "zbv" and M < 2 * S - 1:
+        raise ConfigError(f"schedule zbv needs micro_batches >= 2 x stages - 1 ({2 * S - 1}), got {M}")
+
+
+def make_plan(cfg: RunConfig, stages: int, queue: int = 2, wire_dtype: str | None = None) -> Plan:
+    """Validate a pipeline run before any process starts; errors a user can act on."""
+    n, batch = cfg.model.n_blocks, cfg.data.batch
+    seams = stage_seams(cfg, stages)
+    schedule = cfg.seams.schedule
+    owner = placement(schedule, stages)
+    if len(owner) > n:
+        raise ConfigError(f"schedule {schedule} puts {len(owner) // stages} segments on each of {stages} ranks: "
+                          f"{len(owner)} segments, but the model has {n} blocks")
+    m = cfg.seams.micro_batches or default_micro_batches(schedule, stages, batch)
+    if batch % m:
+        raise ConfigError(f"seams.micro_batches={m} does not divide data.batch={batch}")
+    if stages > 1:
+        check_schedule(schedule, stages, m)
+    if queue < 1:
+        raise ConfigError(f"queue={queue}: a local stage needs room for at least 1 step in flight")
+    if stages > 1 and cfg.seams.objective != "aux_head":
+        raise ConfigError(f"seams.objective={cfg.seams.objective}: pipeline stages implement aux_head only "
+                          f"(detached_head and shared_head need the last stage's head on every stage each step)")
+    wire = wire_dtype or ("float64" if cfg.train.dtype == "float64" else "float32")
+    if wire not in WIRE_DTYPES:
+        raise ConfigError(f"wire dtype must be one of {sorted(WIRE_DTYPES)}, got {wire!r}")
+    e2e_segs = segments(parse_seams(str(len(owner) - 1), n), n)
+    return Plan(stages=stages, seams=seams, segs=segments(seams, n), schedule=schedule, micro_batches=m,
+                e2e_segs=e2e_segs, owner=owner, queue=queue, wire_dtype=wire)
+
+
+def describe(cfg: RunConfig, plan: Plan, device: str) -> dict:
+    """What a run of `plan` executes on `device` ("cpu" or "cuda"), rank by rank, without running
+    it: backend, device, autocast, segments, the P2P traffic each step must carry."""
+    gpu = device == "cuda"
+    bf16 = gpu and cfg.train.dtype in ("float32", "bfloat16")  # model.autocast's rule
+    wire = WIRE_DTYPES[plan.wire_dtype]
+    act = cfg.data.batch * cfg.model.seq * cfg.model.dim * torch.empty((), dtype=wire).element_size()
+    return {
+        "backend": "nccl" if gpu else "gloo",
+        "devices_needed": plan.stages if gpu else 0,
+        "autocast": "bfloat16" if bf16 else None,
+        "wire_dtype": plan.wire_dtype,
+        "clocks": "torch.cuda.synchronize before every reading and after every timed wait" if gpu else "perf_counter",
+        "ranks": [{"rank": r, "device": f"cuda:{r}" if gpu else "cpu",
+                   "e2e_segments": [plan.e2e_segs[v] for v in plan.held_by(r)],
+                   "local_segment": plan.segs[r]} for r in range(plan.stages)],
+        "e2e": {"schedule": plan.schedule, "class": SCHEDULE_CLASSES[plan.schedule][0],
+                "micro_batches": plan.micro_batches, "crossings": plan.crossings(),
+                "bytes_per_step": 2 * len(plan.crossings()) * act},
+        "local": {"seams": plan.seams, "bytes_per_step": (plan.stages - 1) * act, "queue": plan.queue},
+    }

@@ -1,0 +1,271 @@
+"""One rank's share of the GPT, and what both arms do around their steps.
+
+`Segment` is a run of blocks (plus the embedding on the first, the final norm and LM head on
+the last) taken from the whole GPT, so its weights are those of the single-process arms.
+`RankRun` is one arm on one rank: the budget bookkeeping (steps, clock, loss curve, progress
+events), the compute and wait timers, the fault hooks, held-out evaluation through the whole
+pipeline, and the per-rank result rank 0 assembles into the report. `e2e.E2ERun` and
+`local.LocalRun` supply the loop.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import time
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from ..config import RunConfig
+from ..data import RowLoader, eval_batches
+from ..model import GPT, autocast, lm_loss, param_dtype
+from ..train import Clock, CurveMarks, lr_at, peak_rss_bytes, reset_peak_memory
+from .plan import WIRE_DTYPES, Plan
+from .wire import Tally, Timer, Wire
+
+PROGRESS_EVERY_S = 0.25
+SLOW_S = 0.2  # the "slow" fault: this much extra compute per step
+WHERE = {"arm": None, "step": None}  # what this rank is doing, for its error file if it raises
+
+
+class Segment(nn.Module):
+    """Blocks of a GPT; parameter names are the GPT's ("blocks.2.attn.qkv.weight").
+
+    Input x_BT (first segment) or h_BTC at the wire dtype; output h_BTC at the wire dtype, or
+    logits on the last segment. The casts to and from the wire dtype sit inside, so autograd
+    casts the gradient crossing back the same way. bf16 autocast (CUDA) wraps the compute.
+    """
+
+    def __init__(self, model: GPT, blocks: list[int], first: bool, last: bool, device: torch.device,
+                 dtype: torch.dtype, wire_dtype: torch.dtype, dtype_name: str):
+        super().__init__()
+        self.embed = model.embed if first else None
+        self.blocks = nn.ModuleDict({str(i): model.blocks[i] for i in blocks})
+        self.norm = model.norm if last else None
+        self.head = model.head if last else None
+        self.ctx = model.context(model.cfg.seq, device, dtype)  # RoPE tables; rows are plain causal
+        self.compute_dtype, self.wire_dtype, self.device, self.dtype_name = dtype, wire_dtype, device, dtype_name
+        self.poison = False  # fault hook: the next output is NaN
+        self.bad = torch.zeros((), device=device)  # outputs with a non-finite value (counted without a sync)
+
+    def forward(self, inp: torch.Tensor) -> torch.Tensor:
+        with autocast(self.device, self.dtype_name):
+            h_BTC = self.embed(inp) if self.embed is not None else inp.to(self.compute_dtype)
+            for block in self.blocks.values():
+                h_BTC = block(h_BTC, self.ctx)
+            out = self.head(self.norm(h_BTC)) if self.head is not None else h_BTC.to(self.wire_dtype)
+        if self.poison:
+            self.poison = False
+            out = out * float("nan")
+        if self.training:
+            self.bad += (~torch.isfinite(out.detach())).any()
+        return out
+
+
+def fault(rank: int, step: int, arm: str) -> str | None:
+    """Test hook: SEAMKIT_DIST_FAULT="RANK:STEP:HOW[:ARM]" plants a fault; STEP "*" is every step.
+
+    HOW: "kill" (SIGKILL), "raise" (an exception), "nan" (a non-finite loss: e2e poisons the
+    rank's first segment's output, local the rank's own loss), "slow" (SLOW_S more compute).
+    Returns "nan" or "slow" for the caller to plant; kills or raises itself.
+    """
+    spec = os.environ.get("SEAMKIT_DIST_FAULT")
+    if not spec:
+        return None
+    r, s, how, *only = spec.split(":")
+    if int(r) != rank or (s != "*" and int(s) != step) or (only and only[0] != arm):
+        return None
+    if how == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    if how == "raise":
+        raise RuntimeError(f"planted fault at step {step}")
+    return how
+
+
+_SIGINT = {"at": None}
+
+
+def on_sigint(signum, frame) -> None:
+    """First Ctrl-C: stop between steps. Another one a second later: stop now.
+
+    Under a terminal and torchrun, every rank receives Ctrl-C twice within milliseconds (from
+    the terminal and from torchrun); those count as one.
+    """
+    now = time.monotonic()
+    if _SIGINT["at"] is None:
+        _SIGINT["at"] = now
+    elif now - _SIGINT["at"] > 1.0:
+        raise KeyboardInterrupt
+
+
+def stop_requested() -> bool:
+    return _SIGINT["at"] is not None
+
+
+def _rss_bytes() -> int | None:
+    try:
+        return int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+class RankRun:
+    """One arm on one rank. Subclasses set self.segs (this rank's Segments, by virtual index in
+    self.owner) and implement `loop(run, clock, budget, marks)`."""
+
+    arm = ""
+
+    def __init__(self, cfg: RunConfig, plan: Plan, corpus, rank: int, device: torch.device,
+                 emit: Callable[[dict], None], all_segs: list[list[int]], owner: list[int]):
+        self.cfg, self.plan, self.rank, self.device, self.emit = cfg, plan, rank, device, emit
+        self.all_segs, self.owner = all_segs, owner
+        self.mine = [v for v, r in enumerate(owner) if r == rank]
+        self.loss_rank = owner[-1]  # holds the LM head: reports the loss curve and the held-out loss
+        tc, m = cfg.train, cfg.model
+        self.dtype = param_dtype(tc.dtype)
+        self.tally, self.wait, self.compute = Tally(), Timer(device), Timer(device)
+        self.wire = Wire(rank, device, WIRE_DTYPES[plan.wire_dtype], self.dtype, self.tally, self.wait)
+        torch.manual_seed(tc.seed)  # as train.build_arm: every rank builds the same GPT
+        model = GPT(m).to(device=device, dtype=self.dtype)
+        names = [n for n, _ in model.named_parameters()]
+        self.n_tensors = len(names)
+        self.segs = {v: Segment(model, all_segs[v], v == 0, v == len(all_segs) - 1, device, self.dtype,
+                                WIRE_DTYPES[plan.wire_dtype], tc.dtype) for v in self.mine}
+        # where each segment's tensors sit in the GPT's order (the clip's norm vector)
+        self.offsets = {v: names.index(next(n for n, _ in s.named_parameters())) for v, s in self.segs.items()}
+        del model
+        self.loader = RowLoader(corpus, "train", cfg.data.batch, m.seq, tc.seed, device=device)
+        ends = 0 in self.mine or self.rank == self.loss_rank
+        self.held_out = eval_batches(corpus, "val", cfg.data.batch, m.seq, tc.eval_batches, device=device) \
+            if ends else [None] * tc.eval_batches
+        self.h_shape = (cfg.data.batch, m.seq, m.dim)
+
+    # -- the loop's bookkeeping
+
+    def train(self) -> dict:
+        tc = self.cfg.train
+        budget = tc.budget_seconds if tc.budget_seconds > 0 else math.inf
+        marks = CurveMarks(tc.curve_points, budget, tc.max_steps)
+        sync = (lambda: torch.cuda.synchronize(self.device)) if self.device.type == "cuda" else (lambda: None)
+        run = {"status": "complete", "steps": 0, "wire_steps": 0, "elapsed_s": 0.0, "max_step_s": 0.0,
+               "failed_step": None, "failed_here": False, "points": [], "loss": None, "last": None,
+               "next_progress": 0.0}
+        if self.rank == self.loss_rank:
+            self.emit({"kind": "start", "budget_seconds": tc.budget_seconds, "max_steps": tc.max_steps,
+                       "tokens_per_step": self.cfg.data.batch * self.cfg.model.seq,
+                       "segments": self.plan.segs if self.arm == "local" else [list(range(self.cfg.model.n_blocks))],
+                       "objective": self.cfg.seams.objective if self.arm == "local" else None})
+        reset_peak_memory(self.device)
+        run["rss_start_bytes"] = _rss_bytes()
+        dist.barrier()
+        clock = Clock(sync)
+        WHERE["arm"] = self.arm
+        self.loop(run, clock, budget, marks)
+        self.wire.commit(0)
+        run["elapsed_s"] = clock.elapsed()
+        if self.rank == self.loss_rank:
+            last = run["last"]
+            if last is not None and (not run["points"] or run["points"][-1] is not last):
+                self._point(run, last)
+            self._progress(run, budget)
+        run["peak_rss_bytes"] = peak_rss_bytes()
+        run["peak_vram_bytes"] = torch.cuda.max_memory_allocated(self.device) if self.device.type == "cuda" else None
+        WHERE["step"] = "evaluation"
+        run["final_loss"] = self.evaluate() if run["status"] == "complete" else None
+        return run
+
+    def stepped(self, run: dict, clock: Clock, budget: float, marks: CurveMarks, step: int, t0: float,
+                loss: float) -> None:
+        """Bookkeeping after a finished step (loss known on this rank or shared)."""
+        t1 = clock.elapsed()
+        per_step = self.cfg.data.batch * self.cfg.model.seq
+        run.update(steps=step + 1, elapsed_s=t1, max_step_s=max(run["max_step_s"], t1 - t0), loss=loss)
+        run["last"] = {"step": step, "elapsed_s": t0, "tokens": step * per_step, "loss": loss}
+        if self.rank == self.loss_rank:
+            if marks.due(step, t0):
+                self._point(run, run["last"])
+            if t1 >= run["next_progress"]:
+                self._progress(run, budget)
+                run["next_progress"] = t1 + PROGRESS_EVERY_S
+
+    def _point(self, run: dict, p: dict) -> None:
+        run["points"].append(p)
+        self.emit({"kind": "point", "index": len(run["points"]) - 1, **p, "segment_losses": [p["loss"]]})
+
+    def _progress(self, run: dict, budget: float) -> None:
+        tc, per_step = self.cfg.train, self.cfg.data.batch * self.cfg.model.seq
+        e = run["elapsed_s"]
+        self.emit({"kind": "progress", "step": run["steps"], "elapsed_s": e, "tokens": run["steps"] * per_step,
+                   "loss": run["loss"], "tokens_per_s": run["steps"] * per_step / e if e > 0 else 0.0,
+                   "fraction": min(1.0, max(e / budget, run["steps"] / tc.max_steps if tc.max_steps else 0.0))})
+
+    def spent(self, clock: Clock, budget: float, steps: int) -> bool:
+        """Rank 0's call: the budget or max_steps is used up after `steps` steps."""
+        tc = self.cfg.train
+        return clock.elapsed() >= budget or bool(tc.max_steps and steps >= tc.max_steps)
+
+    def update(self, step: int, *opts) -> None:
+        """One optimizer step at this step's learning rate (the stage loops' only lr call site)."""
+        lr = lr_at(step, self.cfg.train)
+        for opt in opts:
+            for g in opt.param_groups:
+                g["lr"] = lr
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+
+    # -- evaluation through the whole pipeline
+
+    @torch.no_grad()
+    def evaluate(self) -> float | None:
+        """The whole pipeline's LM loss on the held-out batches (eval traffic counted apart).
+        Every rank runs its segments in ascending order, so the data flows one way only."""
+        V, owner = len(self.owner), self.owner
+        for s in self.segs.values():
+            s.eval()
+        losses = []
+        for batch in self.held_out:
+            out = None
+            for v in self.mine:
+                if v == 0:
+                    inp = batch[0]
+                elif owner[v - 1] == self.rank:
+                    inp = out
+                else:
+                    inp = self.wire.recv(self.h_shape, owner[v - 1], "eval", boundary=v - 1)
+                out = self.segs[v](inp)
+                if v == V - 1:
+                    losses.append(lm_loss(out, batch[1]))
+                elif owner[v + 1] != self.rank:
+                    self.wire.send(out, owner[v + 1], "eval", boundary=v)
+                    self.wire.commit(self.plan.queue)
+        self.wire.commit(0)
+        for s in self.segs.values():
+            s.train()
+        if self.rank != self.loss_rank:
+            return None
+        value = torch.stack(losses).mean().item()
+        return value if math.isfinite(value) else None
+
+    # -- what rank 0 assembles
+
+    def result(self, run: dict) -> dict:
+        compute, wait = self.compute.s, self.wait.s
+        return {
+            "rank": self.rank, "pid": os.getpid(), "segments": [self.all_segs[v] for v in self.mine],
+            "virtual": self.mine,
+            "status": run["status"], "steps": run["steps"], "wire_steps": run["wire_steps"],
+            "failed_step": run["failed_step"], "failed_here": run["failed_here"],
+            "elapsed_s": run["elapsed_s"], "max_step_s": run["max_step_s"],
+            "compute_s": compute, "wait_s": wait, "other_s": run["elapsed_s"] - compute - wait,
+            "loss": run["loss"], "final_loss": run["final_loss"],
+            "peak_rss_bytes": run["peak_rss_bytes"], "rss_start_bytes": run["rss_start_bytes"],
+            "peak_vram_bytes": run["peak_vram_bytes"],
+            "points": run["points"] if self.rank == self.loss_rank else [], "traffic": self.tally.counts(),
+        }
+
+    def state(self) -> dict:
+        return {"stage": {k: v.detach().cpu() for s in self.segs.values() for k, v in s.state_dict().items()}}

@@ -1,0 +1,206 @@
+"""What crosses a seam, counted message by message, and the time a rank spends waiting for it.
+
+Counts. A `Tally` keeps bytes and messages by (direction, kind, boundary): direction "sent" or
+"received", kind "activation", "gradient" (the seam traffic of the reference's `bytes` block),
+"control" (local's step commands), "eval", "allreduce" (e2e's gradient-norm vector, local's
+one end-of-arm failure flag). Boundary i lies between segment i and
+i+1: a seam of the local arm, a virtual-stage boundary of the e2e arm. The local arm's `Wire`
+counts its own isend/recv; the e2e arm counts the P2P ops its pipelining stages hand to the
+schedule (`e2e.CountedStage`), i.e. the tensors the schedule actually sends and receives.
+
+Waits. Time blocked on the wire is timed where it happens, never derived from the rest: the
+local arm times its receives and the waits for its sends to be taken; the e2e arm times every
+`work.wait()` a pipelining schedule makes (`timed_pipeline_waits`, around the one function all
+schedules block through) and its all_reduce. On CUDA a wait is followed by
+`torch.cuda.synchronize`, because NCCL's wait only orders streams: the host clock then covers the
+transfer. Compute is timed separately (forward, loss, backward, optimizer), so
+compute + wait <= elapsed is a check, not an identity, and a rank held up by a slow neighbour
+shows it as wait.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections import Counter, deque
+
+import torch
+import torch.distributed as dist
+
+TAGS = {"control": 1, "activation": 2, "gradient": 3, "eval": 4}
+
+
+class Tally:
+    """Bytes and messages by (direction, kind, boundary)."""
+
+    def __init__(self):
+        self.bytes: Counter = Counter()
+        self.msgs: Counter = Counter()
+
+    def add(self, direction: str, kind: str, boundary: int, t: torch.Tensor) -> None:
+        key = (direction, kind, boundary)
+        self.bytes[key] += t.numel() * t.element_size()
+        self.msgs[key] += 1
+
+    def counts(self) -> list[dict]:
+        return [{"direction": d, "kind": k, "seam": s, "bytes": n, "messages": self.msgs[(d, k, s)]}
+                for (d, k, s), n in sorted(self.bytes.items(), key=str)]
+
+
+class Timer:
+    """Seconds spent inside `with timer:` blocks; on CUDA each block ends with a synchronize."""
+
+    def __init__(self, device: torch.device):
+        self.s = 0.0
+        self.cuda = device.type == "cuda"
+        self.device = device
+        self.depth = 0  # a block inside a block counts once
+
+    def __enter__(self):
+        if self.depth == 0:
+            self.t0 = time.perf_counter()
+        self.depth += 1
+        return self
+
+    def __exit__(self, *exc):
+        self.depth -= 1
+        if self.depth == 0:
+            if self.cuda:
+                torch.cuda.synchronize(self.device)
+            self.s += time.perf_counter() - self.t0
+        return False
+
+
+class Wire:
+    """Point-to-point messages between neighbouring ranks (the local arm, evaluation), counted and timed.
+
+    A message between ranks k and k+1 crosses boundary k. Sends are asynchronous (`isend`) and
+    kept in groups, one per step; `commit(keep)` waits until at most `keep` groups are in flight
+    (gloo sends complete only once the receiver has taken them).
+    """
+
+    def __init__(self, rank: int, device: torch.device, dtype: torch.dtype, compute_dtype: torch.dtype,
+                 tally: Tally, wait: Timer):
+        self.rank, self.device, self.dtype, self.compute_dtype = rank, device, dtype, compute_dtype
+        self.tally, self.wait = tally, wait
+        self.group: list = []  # (work, tensor) of the step being built
+        self.inflight: deque = deque()
+
+    def send(self, t: torch.Tensor, dst: int, kind: str, boundary: int | None = None) -> None:
+        t = t.detach()
+        if t.is_floating_point():
+            t = t.to(self.dtype)
+        t = t.contiguous()  # the work keeps a reference: the buffer lives until the send is taken
+        self.group.append((dist.isend(t, dst, tag=TAGS[kind]), t))
+        self.tally.add("sent", kind, min(self.rank, dst) if boundary is None else boundary, t)
+
+    def commit(self, keep: int = 0) -> None:
+        if self.group:
+            self.inflight.append(self.group)
+            self.group = []
+        if len(self.inflight) > keep:
+            with self.wait:
+                while len(self.inflight) > keep:
+                    for work, _ in self.inflight.popleft():
+                        work.wait()
+
+    def recv(self, shape, src: int, kind: str, dtype: torch.dtype | None = None,
+             boundary: int | None = None) -> torch.Tensor:
+        buf = torch.empty(shape, dtype=dtype or self.dtype, device=self.device)
+        with self.wait:
+            dist.recv(buf, src, tag=TAGS[kind])
+        self.tally.add("received", kind, min(self.rank, src) if boundary is None else boundary, buf)
+        return buf.to(self.compute_dtype) if buf.is_floating_point() else buf
+
+    def all_reduce(self, t: torch.Tensor) -> torch.Tensor:
+        with self.wait:
+            dist.all_reduce(t)
+        self.tally.add("sent", "allreduce", -1, t)
+        return t
+
+
+@contextlib.contextmanager
+def timed_pipeline_waits(wait: Timer):
+    """Time every wait of a torch.distributed.pipelining schedule on this rank.
+
+    All schedules in torch 2.13 block on P2P work through `schedules._wait_batch_p2p` (the
+    runtime of the multi-stage schedules and the single-stage GPipe and 1F1B alike); this wraps
+    it for the duration of a step. tests/test_dist.py fails if the wrap stops seeing the waits.
+    """
+    from torch.distributed.pipelining import schedules
+    inner = schedules._wait_batch_p2p
+
+    def timed(work):
+        with wait:
+            inner(work)
+    schedules._wait_batch_p2p = timed
+    try:
+        yield
+    finally:
+        schedules._wait_batch_p2p = inner
+
+
+# ----------------------------------------------------------------------------- measured against analytic
+
+def _per_step(total: int, steps: int):
+    if steps == 0:
+        return 0
+    return total // steps if total % steps == 0 else total / steps
+
+
+def measured_bytes(arm: str, ranks: list[dict], boundaries: list[int], owner: list[int], act_bytes: int,
+                   micro_batches: int) -> dict:
+    """Measured traffic per boundary per step, next to the analytic bytes at the same dtype.
+
+    `boundaries`: the boundaries whose two sides sit on different ranks (the crossings);
+    `owner[i]`: the rank of segment i. Analytic: every crossing carries the batch's h_BTC
+    forward once per step (`act_bytes`, in `micro_batches` messages), e2e also its gradient back.
+    """
+    steps = ranks[0]["wire_steps"]  # steps whose messages rank 0 put on the wire (a failed one too)
+    tally = Counter()
+    for r in ranks:
+        for c in r["traffic"]:
+            tally[(r["rank"], c["direction"], c["kind"], c["seam"])] += c["bytes"]
+            tally[(r["rank"], c["direction"], c["kind"], c["seam"], "n")] += c["messages"]
+    per, act_total, grad_total, consistent = [], 0, 0, True
+    msgs = micro_batches if arm == "e2e" else 1
+    for i in boundaries:
+        lo, hi = owner[i], owner[i + 1]
+        row = {"boundary": i, "ranks": [lo, hi]}
+        for kind, src, dst in (("activation", lo, hi), ("gradient", hi, lo), ("control", lo, hi), ("eval", lo, hi)):
+            sent, got = tally[(src, "sent", kind, i)], tally[(dst, "received", kind, i)]
+            consistent &= sent == got and tally[(src, "sent", kind, i, "n")] == tally[(dst, "received", kind, i, "n")]
+            if kind in ("control", "eval"):
+                row[f"{kind}_bytes"] = sent
+            else:
+                row[f"{kind}_bytes_per_step"] = _per_step(sent, steps)
+                row[f"{kind}_messages_per_step"] = _per_step(tally[(src, "sent", kind, i, "n")], steps)
+        act_total += tally[(lo, "sent", "activation", i)]
+        grad_total += tally[(hi, "sent", "gradient", i)]
+        per.append(row)
+    act, grad = _per_step(act_total, steps), _per_step(grad_total, steps)
+    expect_act = len(boundaries) * act_bytes
+    expect = expect_act * (2 if arm == "e2e" else 1)
+    other = sum(v for (rk, d, kind, s, *n), v in tally.items()
+                if not n and kind in ("activation", "gradient") and s not in boundaries)
+    messages_ok = all(r["activation_messages_per_step"] == msgs and
+                      r["gradient_messages_per_step"] == (msgs if arm == "e2e" else 0) for r in per)
+    grad_msgs_received = sum(v for (rk, d, kind, *rest), v in tally.items()
+                             if d == "received" and kind == "gradient" and rest[-1] == "n")
+    allreduce = [tally[(r["rank"], "sent", "allreduce", -1)] for r in ranks]
+    return {
+        "steps": steps,
+        "crossings": len(boundaries),
+        "per_boundary": per,
+        "activation_per_step": act,
+        "gradient_per_step": grad,
+        "per_step": act + grad,
+        "analytic_per_step": expect,
+        "agrees": (steps > 0 and act == expect_act and act + grad == expect and other == 0 and messages_ok
+                   and (arm == "e2e" or grad_total == 0)),
+        "sent_equals_received": consistent,
+        "gradient_messages_received": grad_msgs_received,
+        "control_bytes": sum(r["control_bytes"] for r in per),
+        "allreduce_per_rank_per_step": _per_step(allreduce[0], steps) if allreduce else 0,
+        "eval_bytes": sum(r["eval_bytes"] for r in per),
+    }
