@@ -21,6 +21,7 @@ PARAMETERS = {
     "01_seams.ipynb": {"preset", "budget_seconds", "objective", "seams", "seed", "out_dir", "overrides", "interactive"},
     "02_pruning.ipynb": {"preset", "checkpoint", "windows", "samples", "policy", "dtype", "out_dir", "overrides",
                          "interactive"},
+    "03_sweep.ipynb": {"sweep_dir", "x", "series", "interactive"},  # run under papermill in tests/test_sweep.py
 }
 TINY = {"preset": "tiny", "interactive": False}
 
