@@ -24,11 +24,9 @@ writes sweep.json for what is done before it stops.
 
 from __future__ import annotations
 
-import csv
 import io
 import itertools
 import json
-import math
 import os
 import re
 import shlex
@@ -337,16 +335,45 @@ class _Running:
                               f"papermill exited with status {self.proc.returncode}: {self.last_line()}\n")
 
     def stop(self, grace_s: float = 30.0) -> None:
-        """Ctrl-C for this point: SIGINT (the study writes its report as interrupted), then SIGKILL."""
-        for sig, wait in ((signal.SIGINT, grace_s), (signal.SIGKILL, 5.0)):
-            if self.proc.poll() is None:
+        """Ctrl-C for this point. The kernel runs in its own session (jupyter_client starts it so):
+        SIGINT there first, so the study stops between steps and writes its report as interrupted
+        and papermill ends the notebook; then SIGINT papermill, then SIGKILL whatever is left."""
+        kernels = _process_groups(self.proc.pid) - {self.proc.pid}
+        steps = [(kernels, signal.SIGINT, grace_s), ({self.proc.pid}, signal.SIGINT, 5.0),
+                 (kernels | {self.proc.pid}, signal.SIGKILL, 5.0)]
+        for groups, sig, wait in steps:
+            if self.proc.poll() is not None and sig != signal.SIGKILL:
+                continue
+            for g in groups:
                 try:
-                    os.killpg(self.proc.pid, sig)
-                    self.proc.wait(wait)
-                except (ProcessLookupError, subprocess.TimeoutExpired):
+                    os.killpg(g, sig)
+                except (ProcessLookupError, PermissionError):
                     pass
+            try:
+                self.proc.wait(wait)
+            except subprocess.TimeoutExpired:
+                pass
         self.log.close()
         self.partial.unlink(missing_ok=True)
+
+
+def _process_groups(pid: int) -> set[int]:
+    """Process groups of `pid` and all its descendants (Linux /proc; elsewhere just pid's own)."""
+    groups, stack = {pid}, [pid]
+    while stack:
+        p = stack.pop()
+        try:
+            kids = [int(c) for t in os.listdir(f"/proc/{p}/task")
+                    for c in Path(f"/proc/{p}/task/{t}/children").read_text().split()]
+        except OSError:
+            kids = []
+        for k in kids:
+            try:
+                groups.add(os.getpgid(k))
+            except ProcessLookupError:
+                continue
+            stack.append(k)
+    return groups
 
 
 def _estimate_s(point: dict, preset: str) -> float:
@@ -476,18 +503,3 @@ def emit_jobs(plan: dict, out_dir, path) -> list[str]:
             lines.append(point_command(out_dir, p))
     atomic_write_text(path, "".join(line + "\n" for line in lines))
     return lines
-
-
-def csv_text(rows: list[dict]) -> str:
-    if not rows:
-        return ""
-    buf = io.StringIO()
-    fields = list(dict.fromkeys(k for r in rows for k in r))
-    w = csv.DictWriter(buf, fieldnames=fields, lineterminator="\n")
-    w.writeheader()
-    w.writerows([{k: ("" if v is None else v) for k, v in r.items()} for r in rows])
-    return buf.getvalue()
-
-
-def finite(x) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)

@@ -12,6 +12,8 @@ arm has a time). Pruning: the medians over windows of `speedup`, `memory_ratio` 
 
 from __future__ import annotations
 
+import csv
+import io
 import math
 import statistics
 
@@ -163,7 +165,6 @@ def aggregate(plan: dict, points: list[dict], target: float | None = None) -> di
 
 def csv_tables(sweep: dict) -> dict[str, str]:
     """sweep.csv (one row per point) and sweep_summary.csv (one row per grid point)."""
-    from .sweep import csv_text
     keys = list(sweep["grid"])
     points = [{"id": p["id"], "study": p["study"], **{k: p["grid"].get(k) for k in keys}, "seed": p["seed"],
                "status": p["status"], "error": p["error"], "seconds": p["seconds"],
@@ -177,3 +178,14 @@ def csv_tables(sweep: dict) -> dict[str, str]:
                         f"{k}_ci95_lo": ci[0], f"{k}_ci95_hi": ci[1]})
         summary.append(row)
     return {"sweep.csv": csv_text(points), "sweep_summary.csv": csv_text(summary)}
+
+
+def csv_text(rows: list[dict]) -> str:
+    """Rows as CSV, the columns in first-seen order; None as an empty cell."""
+    if not rows:
+        return ""
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=list(dict.fromkeys(k for r in rows for k in r)), lineterminator="\n")
+    w.writeheader()
+    w.writerows([{k: ("" if v is None else v) for k, v in r.items()} for r in rows])
+    return buf.getvalue()

@@ -159,9 +159,8 @@ def test_ctrl_c_writes_what_is_done_and_nothing_half_written(tmp_path):
     sweep = json.loads((d / "sweep.json").read_text())
     assert sweep["counts"] == {"complete": 0, "failed": 0, "pending": 2}
     assert not list(d.rglob(".*.partial.ipynb")) and not list(d.rglob(".*.tmp"))
-    report = d / "points" / "seams=1__seed=0" / "seams.json"
-    if report.exists():  # written whole by the study as it stopped
-        assert load_report(report, "seams")["status"] == "interrupted"
+    report = load_report(d / "points" / "seams=1__seed=0" / "seams.json", "seams")  # whole, written as it stopped
+    assert report["status"] == "interrupted" and report["arms"]["e2e"]["status"] == "interrupted"
 
 
 def test_sweep_notebook_under_papermill(emitted, tmp_path):
