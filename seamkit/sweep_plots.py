@@ -26,7 +26,8 @@ FIGURES = {
     "speedup": ("prune_exact / base words per second", "speed-up", [("speedup", "measured")], "pruning"),
     "pruning_memory": ("prune_exact / base memory", "ratio", [("memory_ratio", "allocated")], "pruning"),
 }
-DASH = {"e2e": "dash"}
+DASH = {"e2e": "dash"}  # e2e dashed, local solid; one color per series (combination of the other keys)
+COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22"]
 
 
 def load_sweep(sweep_dir) -> dict:
@@ -70,11 +71,12 @@ def metric_figure(sweep: dict, name: str, x: str, series: list[str] | None = Non
     series = [k for k in sweep["swept"] if k != x] if series is None else [k for k in series if k != x]
     xs, numeric = _x_values(sweep, x)
     fig = go.Figure()
-    for combo in itertools.product(*(sweep["grid"][k] for k in series)):
+    combos = list(itertools.product(*(sweep["grid"][k] for k in series)))
+    for ci, combo in enumerate(combos):
         fixed = dict(zip(series, combo))
         rows = [p for p in sweep["points"] if p["study"] == sweep["study"] and p["status"] == "complete"
                 and all(p["grid"].get(k) == v for k, v in fixed.items())]
-        for metric, label in figure_metrics(sweep, name):
+        for mi, (metric, label) in enumerate(figure_metrics(sweep, name)):
             pts = []
             for xv in xs:  # swept keys neither on x nor in the series are pooled with the seeds
                 s = summarize([p["figures"].get(metric) for p in rows if p["grid"].get(x) == xv])
@@ -86,14 +88,17 @@ def metric_figure(sweep: dict, name: str, x: str, series: list[str] | None = Non
             tag = ", ".join(f"{k}={v}" for k, v in fixed.items())
             fig.add_trace(go.Scatter(
                 x=[p[0] for p in pts], y=[p[1] for p in pts], mode="lines+markers",
-                name=f"{label} ({tag})" if tag else label, line={"dash": DASH.get(label, "solid")},
+                name=f"{label} ({tag})" if tag else label,
+                line={"dash": DASH.get(label, "solid"), "color": COLORS[(ci if len(combos) > 1 else mi) % len(COLORS)]},
                 error_y={"type": "data", "array": [p[2] for p in pts], "arrayminus": [p[3] for p in pts],
                          "visible": True},
                 customdata=[p[4] for p in pts], hovertemplate="%{x}: %{y:.4g} (n=%{customdata})"))
     target = f" {sweep['target_loss']:.3f}" if name == "time_to_target" and sweep.get("target_loss") else ""
     fig.update_layout(title=f"{title}{target} vs {x} (mean, 95% interval over seeds)", xaxis_title=x,
                       yaxis_title=ytitle, template="plotly_white")
-    if not numeric:
+    if numeric:
+        fig.update_xaxes(tickvals=xs)
+    else:
         fig.update_xaxes(type="category")
     return fig
 
@@ -143,8 +148,6 @@ def sweep_panel(sweep: dict, x: str | None = None, series: list[str] | None = No
     and the table under them redraw on every change."""
     import ipywidgets as W
     from IPython.display import display
-
-    from .widgets import _Table
     names = figure_names(sweep)
     keys = sweep["swept"] or list(sweep["grid"])
     fig_w = W.Dropdown(options=names, value=names[0] if names else None, description="figure")
@@ -159,7 +162,7 @@ def sweep_panel(sweep: dict, x: str | None = None, series: list[str] | None = No
         with out:
             if fig_w.value:
                 display(go.FigureWidget(metric_figure(sweep, fig_w.value, x_w.value, list(series_w.value))))
-            display(_Table(sweep_table(sweep)))
+            print(sweep_table(sweep))
     for w in (fig_w, x_w, series_w):
         w.observe(draw, names="value")
     draw()
@@ -169,12 +172,10 @@ def sweep_panel(sweep: dict, x: str | None = None, series: list[str] | None = No
 def show_sweep(sweep: dict, x: str | None = None, series: list[str] | None = None) -> None:
     """Headless view (papermill): every figure against `x` (default: every swept key), then the table."""
     from IPython.display import display
-
-    from .widgets import _Table
     for key in ([x] if x else sweep["swept"]):
         for name in figure_names(sweep):
             display(metric_figure(sweep, name, key, series))
-    display(_Table(sweep_table(sweep)))
+    print(sweep_table(sweep))
     bad = failures(sweep)
     if bad:
         print("failed points:\n" + "\n".join(bad))

@@ -209,3 +209,33 @@ def test_bad_requests_are_one_line(argv, message, tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and err.startswith("seamkit sweep: error: ") and message in err
     assert not (tmp_path / "s").exists()
+
+
+def _fake_report(local_loss: float, seed: int) -> dict:
+    arm = {"tokens_per_s": 100.0 + seed, "loss_curve": [5.0, local_loss + 0.5], "loss_curve_elapsed_s": [0.0, 9.0]}
+    return {"arms": {"e2e": {**arm, "final_loss": 2.0}, "local": {**arm, "final_loss": local_loss}},
+            "local_over_e2e": {"tokens_per_s": 1.0}}
+
+
+def test_figures_draw_one_series_per_other_key_with_t_intervals():
+    from seamkit.sweep_plots import metric_figure
+    from seamkit.sweep_stats import aggregate
+    grid = {"seams": [7, 1], "objective": ["aux_head", "shared_head"]}
+    plan = {"study": "seams", "preset": "tiny", "grid": grid, "seeds": [0, 1], "overrides": {}}
+    loss = {(s, o, seed): 3.0 + s / 10 + (o == "shared_head") + seed / 100
+            for s in grid["seams"] for o in grid["objective"] for seed in (0, 1)}
+    points = [{"id": f"{s}{o}{seed}", "study": "seams", "dir": "", "grid": {"seams": s, "objective": o}, "seed": seed,
+               "status": "complete", "error": None, "seconds": 1.0, "report": _fake_report(v, seed)}
+              for (s, o, seed), v in loss.items()]
+    sweep = aggregate(plan, points)
+    fig = metric_figure(sweep, "final_loss", "seams")
+    assert [t.name for t in fig.data] == ["local (objective=aux_head)", "e2e (objective=aux_head)",
+                                          "local (objective=shared_head)", "e2e (objective=shared_head)"]
+    local = fig.data[2]
+    assert list(local.x) == [1, 7]  # numeric x sorted
+    for x, y, err in zip(local.x, local.y, local.error_y.array):
+        a, b = loss[(x, "shared_head", 0)], loss[(x, "shared_head", 1)]
+        assert y == pytest.approx((a + b) / 2) and err == pytest.approx(T_975_DF1 * abs(a - b) / 2)
+    pooled = metric_figure(sweep, "final_loss", "objective", series=[])  # seams pooled with the seeds: n = 4
+    assert [t.name for t in pooled.data] == ["local", "e2e"] and list(pooled.data[0].customdata) == [4, 4]
+    assert pooled.data[0].y[0] == pytest.approx(sum(v for (s, o, _), v in loss.items() if o == "aux_head") / 4)
