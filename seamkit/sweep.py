@@ -280,7 +280,7 @@ def point_status(out_dir, point: dict) -> dict:
             return {**out, "status": "failed", "error": error}
         if _comparable(meta.get("parameters", {})) != _comparable(point["parameters"]):
             return out  # run with other parameters: stale, run it again
-    if err_file.exists():
+    elif err_file.exists():  # papermill ended without a notebook, or the checkpoint point failed
         return {**out, "status": "failed", "error": err_file.read_text().strip()}
     if nb is None or not rep_path.exists():
         return out
