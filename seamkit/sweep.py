@@ -170,18 +170,17 @@ def make_plan(study: str, grid: dict[str, list], out_dir, preset: str = "cpu", r
         seams_params = notebook_parameters("seams")
         for seed in seeds:
             points.append(_point("seams", {}, seed, preset, overrides, seams_params, out_dir, prefix="checkpoint"))
-    for values in itertools.product(*grid.values()):
-        gv = dict(zip(grid, values))
-        for seed in seeds:
-            p = _point(study, gv, seed, preset, overrides, params, out_dir)
-            if needs_ckpt:
-                if checkpoint == "seams":
-                    src = next(q for q in points if q["study"] == "seams" and q["seed"] == seed)
-                    p["needs"] = src["id"]
-                    p["parameters"]["checkpoint"] = str(out_dir / src["dir"] / "checkpoints" / "seams_e2e.pt")
-                else:
-                    p["parameters"]["checkpoint"] = checkpoint
-            points.append(p)
+    for seed, values in itertools.product(seeds, itertools.product(*grid.values())):
+        gv = dict(zip(grid, values))  # seed-major: a sweep stopped halfway has whole grids of the first seeds
+        p = _point(study, gv, seed, preset, overrides, params, out_dir)
+        if needs_ckpt:
+            if checkpoint == "seams":
+                src = next(q for q in points if q["study"] == "seams" and q["seed"] == seed)
+                p["needs"] = src["id"]
+                p["parameters"]["checkpoint"] = str(out_dir / src["dir"] / "checkpoints" / "seams_e2e.pt")
+            else:
+                p["parameters"]["checkpoint"] = checkpoint
+        points.append(p)
     ids = [p["id"] for p in points]
     if len(set(ids)) != len(ids):
         raise SweepError("two grid points map to the same folder name; use values that differ in letters or digits")

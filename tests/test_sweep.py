@@ -191,7 +191,8 @@ def test_pruning_plan_takes_checkpoints_from_seams_points(tmp_path):
         assert src["study"] == "seams" and src["seed"] == p["seed"]
         assert p["parameters"]["checkpoint"] == str(tmp_path / src["dir"] / "checkpoints" / "seams_e2e.pt")
         assert p["parameters"]["overrides"]["train.seed"] == p["seed"]
-    assert [p["grid"]["policy"] for p in plan["points"][2:]] == ["completion"] * 2 + ["random:0.5"] * 2
+    assert [(p["grid"]["policy"], p["seed"]) for p in plan["points"][2:]] == [  # seed-major
+        ("completion", 0), ("random:0.5", 0), ("completion", 1), ("random:0.5", 1)]
 
 
 @pytest.mark.parametrize("argv, message", [
