@@ -1,4 +1,4 @@
-"""The `seamkit` command: info, train, seams, prune-check, reproduce, data prepare.
+"""The `seamkit` command: info, train, seams, prune-check, reproduce, data prepare, sweep.
 
 Every subcommand builds a RunConfig from a preset plus overrides (the same `config.override`
 the notebooks and widgets use), then calls one library function. User errors (a bad config,
@@ -162,6 +162,40 @@ def cmd_data_prepare(args) -> int:
     return 0
 
 
+def cmd_sweep(args) -> int:
+    from . import sweep as S
+    from .sweep_plots import failures, sweep_table
+    if args.collect:
+        if args.study or args.grid or args.emit_jobs:
+            raise S.SweepError("--collect DIR takes no study, --grid or --emit-jobs")
+        result = S.collect(Path(args.collect), target=args.target)
+        out = Path(args.collect)
+    else:
+        if not args.study or not args.out:
+            raise S.SweepError("give a study (seams or pruning) and --out DIR, or --collect DIR")
+        if not args.grid:
+            raise S.SweepError("give at least one --grid KEY=V1,V2,...")
+        plan = S.make_plan(args.study, S.parse_grid(args.grid), args.out, preset=args.preset, repeats=args.repeats,
+                           overrides=C.parse_overrides(args.overrides), checkpoint=args.checkpoint, jobs=args.jobs,
+                           threads=args.threads, target=args.target)
+        if args.emit_jobs:
+            lines = S.emit_jobs(plan, args.out, args.emit_jobs)
+            first = sum(p["needs"] is None and p["study"] != plan["study"] for p in plan["points"])
+            print(f"{len(lines)} commands in {args.emit_jobs} (points already complete are left out)"
+                  + (f"; run the first {first} before the rest: they train the checkpoints" if first else ""))
+            print(f"then: seamkit sweep --collect {args.out}")
+            return 0
+        result = S.run(plan, args.out, jobs=args.jobs)
+        out = Path(args.out)
+    print(sweep_table(result))
+    for line in failures(result):
+        print(f"failed: {line}")
+    c = result["counts"]
+    print(f"{c['complete']} complete, {c['failed']} failed, {c['pending']} pending; "
+          f"{out / 'sweep.json'}, {out / 'sweep.csv'}, {out / 'figures'}/")
+    return 0 if result["status"] == "complete" else 1
+
+
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="seamkit", description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="command", required=True)
@@ -228,6 +262,27 @@ def parser() -> argparse.ArgumentParser:
                    help="start a new shard once one holds this many tokens")
     p.add_argument("--text-column", dest="text_column", default="text", help="parquet column holding the text")
     p.set_defaults(fn=cmd_data_prepare)
+
+
+    p = sub.add_parser("sweep", help="a study's notebook over a grid x seeds (papermill), resumable, aggregated")
+    p.add_argument("study", nargs="?", choices=("seams", "pruning"), help="the study to sweep")
+    p.add_argument("--grid", action="append", default=[], metavar="KEY=V1,V2",
+                   help="a notebook parameter or config key and its values (repeatable; '|' separates "
+                        "values that contain commas)")
+    p.add_argument("--repeats", type=int, default=1, help="seeds 0..R-1 per grid point (default 1)")
+    p.add_argument("--preset", default="cpu", choices=sorted(C.PRESETS))
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="a config override for every point")
+    p.add_argument("--threads", type=int, help="torch threads per point (default: cores / jobs when jobs > 1)")
+    p.add_argument("--jobs", type=int, default=1, help="points run at once on this machine")
+    p.add_argument("--checkpoint", help="pruning: a checkpoint path, or 'seams' to train one per seed in the sweep")
+    p.add_argument("--target", type=float, help="training loss for time-to-target (default: the highest loss "
+                   "every arm reached)")
+    p.add_argument("--out", help="the sweep folder")
+    p.add_argument("--emit-jobs", dest="emit_jobs", metavar="FILE",
+                   help="write one shell command per point to FILE instead of running them")
+    p.add_argument("--collect", metavar="DIR", help="aggregate the points in DIR (run by --emit-jobs commands)")
+    p.set_defaults(fn=cmd_sweep)
     return ap
 
 

@@ -73,12 +73,20 @@ def run_notebook(src, dst, parameters: dict, cwd=None, echo: bool = False) -> Pa
                             progress_bar=False, log_output=echo, stdout_file=sys.stdout if echo else None,
                             stderr_file=sys.stderr if echo else None, store_widget_state=False)
     except PapermillExecutionError as e:
-        cell = _source_cell(src, e.source, e.cell_index)
-        head = _first_line(e.source)
-        head = head if len(head) <= 40 else head[:37] + "..."
-        raise NotebookError(f"{src} cell {cell} ({head}) failed: {e.ename}: {_first_line(e.evalue)} "
+        raise NotebookError(f"{failure_line(src, e.source, e.cell_index, e.ename, e.evalue)} "
                             f"(executed notebook: {dst})") from None
     return dst
+
+
+def failure_line(src, source: str, cell_index: int, ename: str, evalue) -> str:
+    """'<src> cell N (<first line of the cell>) failed: <ename>: <first line of evalue>'.
+
+    `cell_index` counts in the executed copy; the line names the cell in the source notebook.
+    """
+    cell = _source_cell(Path(src), source, cell_index)
+    head = _first_line(source)
+    head = head if len(head) <= 40 else head[:37] + "..."
+    return f"{src} cell {cell} ({head}) failed: {ename}: {_first_line(evalue)}"
 
 
 def write_figures(figures: dict, out_dir, prefix: str = "") -> list[Path]:

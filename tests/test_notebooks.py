@@ -22,6 +22,7 @@ PARAMETERS = {
                        "overrides", "interactive"},
     "02_pruning.ipynb": {"preset", "checkpoint", "windows", "samples", "policy", "dtype", "out_dir", "overrides",
                          "interactive"},
+    "03_sweep.ipynb": {"sweep_dir", "x", "series", "interactive"},  # run under papermill in tests/test_sweep.py
 }
 TINY = {"preset": "tiny", "interactive": False}
 
