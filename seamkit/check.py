@@ -53,7 +53,8 @@ from . import prune, prune_bitwise
 from .config import RunConfig, SeamkitError, tokenizer_vocab
 from .model import GPT, resolve_device
 from .report import provenance, write_report
-from .train import make_optimizer, peak_rss_bytes, reset_peak_memory
+from .memory import peak_rss_bytes, reset_peak_memory
+from .optim import make_optimizer
 
 MODES = ("base", "prune_exact")
 TOLERANCE = {"float32": 0.0, "float64": 1e-12}  # float32: bitwise is the claim; float64: the bound

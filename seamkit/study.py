@@ -168,6 +168,7 @@ def _report_arm(arm: str, r: dict | None, costs: dict | None = None, peak: float
         "loss_curve_lr": r.get("loss_curve_lr", []),
         "loss_curve_segments": [[round(v, 4) for v in seg] for seg in r.get("loss_curve_segments", [])],
         "objective": r.get("objective"), "segments": r.get("segments"), "checkpoint": r.get("checkpoint"),
+        "epochs": _round(r.get("epochs"), 4), "repeat_warning": r.get("repeat_warning"),
     }
     if "loss_curve_std" in r:
         out["loss_curve_std"] = [round(v, 4) for v in r["loss_curve_std"]]
@@ -375,6 +376,7 @@ def seams_study(cfg: RunConfig, out_path, callback: Callable[[dict], None] | Non
         if interrupted:
             break
     report = study_report(cfg, runs, interrupted, isolate, costs, peak)
+    report["corpus"] = corpus.summary()  # its size in tokens; each arm's `epochs` says how often it was read
     write_report(out_path, report, "seams")
     return report
 

@@ -194,6 +194,8 @@ def _point(study, gv, seed, preset, overrides, params, out_dir, prefix="") -> di
     pid = point_id(gv, seed, prefix)
     nb_params = {k: v for k, v in gv.items() if k in params}
     ov = {**overrides, **{k: v for k, v in gv.items() if k not in params}}
+    if "repeats" in params and "repeats" not in gv:
+        nb_params["repeats"] = 1  # a point is one seed: the sweep's --repeats makes the seeds
     if "seed" in params:
         nb_params["seed"] = seed
     else:

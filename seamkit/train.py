@@ -55,6 +55,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -66,7 +67,7 @@ import torch.nn as nn
 
 from . import checkpoint
 from .config import ConfigError, RunConfig, TrainConfig
-from .data import RowLoader, eval_batches, load_corpus
+from .data import RowLoader, epochs, eval_batches, load_corpus, repeat_warning
 from .memory import Baseline, _proc_status_bytes, peak_rss_bytes, reset_peak_memory  # noqa: F401 -- re-exported
 from .model import GPT, autocast, lm_loss, param_dtype, resolve_device
 from .optim import lr_at, lr_at_progress, make_optimizer, schedule_progress, scheduled_lr  # noqa: F401 -- re-exported
@@ -99,11 +100,8 @@ class Arm:
 
 
 def token_counts(corpus, split: str, vocab: int) -> np.ndarray:
-    """How often each token id occurs in a split (np.bincount over its documents)."""
-    in_split = np.zeros(corpus.n_docs, dtype=bool)
-    in_split[corpus.splits[split]] = True
-    mask = np.repeat(in_split, np.diff(corpus.offsets))
-    return np.bincount(corpus.tokens[mask], minlength=vocab)
+    """How often each token id occurs in a split (in memory or token files: the corpus counts)."""
+    return corpus.token_counts(split, vocab)
 
 
 def build_arm(arm: str, cfg: RunConfig, corpus) -> Arm:
@@ -112,6 +110,9 @@ def build_arm(arm: str, cfg: RunConfig, corpus) -> Arm:
     device, dtype = resolve_device(cfg.train.device), param_dtype(cfg.train.dtype)
     torch.manual_seed(cfg.train.seed)
     model = GPT(cfg.model).to(device=device, dtype=dtype)
+    if cfg.train.compile:  # compiled on the first step, inside the budget (meant for CUDA)
+        from .accel import compile_model
+        compile_model(model)
     local = arm == "local"
     segs = segments(parse_seams(cfg.seams.seams, cfg.model.n_blocks) if local else [], cfg.model.n_blocks)
     groups = [[p for _, p in owned] for owned in segment_params(model, segs)]
@@ -379,6 +380,9 @@ def run_arm(arm: str, cfg: RunConfig, corpus=None, callback: Callable[[dict], No
         final_loss = final_stderr = None
     ref = save(run["steps"], run["status"])
     tokens = run["steps"] * cfg.data.batch * cfg.model.seq
+    repeated = repeat_warning(arm, tokens, corpus)
+    if repeated:
+        print(f"seamkit: warning: {repeated}", file=sys.stderr)
     pts = run["points"]
     result = {
         "arm": arm, "status": run["status"], "steps": run["steps"], "tokens": tokens,
@@ -390,7 +394,7 @@ def run_arm(arm: str, cfg: RunConfig, corpus=None, callback: Callable[[dict], No
         "loss_curve_elapsed_s": [p["elapsed_s"] for p in pts], "loss_curve_tokens": [p["tokens"] for p in pts],
         "loss_curve_lr": [p["lr"] for p in pts], "loss_curve_segments": [p["segment_losses"] for p in pts],
         "failed_step": run["failed_step"], "max_step_s": run["max_step_s"], "objective": a.objective,
-        "segments": a.segs, "checkpoint": ref, "checkpoint_path": str(checkpoint_path) if checkpoint_path else None,
+        "segments": a.segs, "epochs": epochs(tokens, corpus), "repeat_warning": repeated, "checkpoint": ref, "checkpoint_path": str(checkpoint_path) if checkpoint_path else None,
     }
     callback({"kind": "end", "arm": arm, "status": run["status"], "result": result})
     return result
@@ -443,6 +447,7 @@ def train_run(cfg: RunConfig, out_dir, callback: Callable[[dict], None] | None =
         "tokens_per_s": r["tokens_per_s"], "val_loss": r["final_loss"], "val_ppl": r["final_ppl"],
         "failed_step": r["failed_step"], "checkpoint": r["checkpoint"], "peak_vram_bytes": r["peak_vram_bytes"],
         "batch": cfg.data.batch, "budget_seconds": cfg.train.budget_seconds,
+        "epochs": r["epochs"], "repeat_warning": r["repeat_warning"],
         **{k: r[k] for k in ("loss_curve", "loss_curve_steps", "loss_curve_elapsed_s", "loss_curve_tokens")},
         **provenance(cfg),
     }

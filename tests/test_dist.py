@@ -34,8 +34,10 @@ STEPS = 3
 
 
 def tiny(**kw) -> C.RunConfig:
-    # threads 1 per rank (and in this process, conftest): the same kernels on both sides
-    return C.override(C.tiny(), {"train.max_steps": STEPS, "train.budget_seconds": 600.0, "train.threads": 1, **kw})
+    # threads 1 per rank (and in this process, conftest): the same kernels on both sides; the LR
+    # by step, so the single-process twin (lr_at(step)) sees the LR the ranks used, whatever their clocks
+    return C.override(C.tiny(), {"train.max_steps": STEPS, "train.budget_seconds": 600.0, "train.threads": 1,
+                                 "train.schedule": "steps", **kw})
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +54,7 @@ def three(tmp_path_factory):
     d = tmp_path_factory.mktemp("dist3")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "3", "--master-port", str(_free_port()),
            "-m", "seamkit.dist", "--preset", "tiny", "--schedule", "gpipe", "--max-steps", str(STEPS),
-           "--budget", "600", "--threads", "1", "--save-state", str(d / "state"), "--out", str(d / "seams.json")]
+           "--budget", "600", "--threads", "1", "--set", "train.schedule=steps", "--save-state", str(d / "state"), "--out", str(d / "seams.json")]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT,
                          env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert out.returncode == 0, out.stderr[-3000:]

@@ -16,7 +16,8 @@ import torch
 from .. import config as C
 from ..config import RunConfig
 from ..seams import traffic_bytes, traffic_ratios
-from ..train import ARMS, build_report
+from ..study import build_report
+from ..train import ARMS
 from .plan import WIRE_DTYPES, Plan
 from .wire import measured_bytes
 

@@ -25,7 +25,7 @@ import torch.nn as nn
 from torch.distributed import pipelining
 
 from ..model import lm_loss
-from ..train import make_optimizer
+from ..optim import make_optimizer
 from .plan import SCHEDULE_CLASSES, WIRE_DTYPES
 from .stage import SLOW_S, WHERE, RankRun, fault, stop_requested
 from .wire import Tally, Timer, timed_pipeline_waits
@@ -108,6 +108,7 @@ class E2ERun(RankRun):
         tc, n, V = self.cfg.train, self.n_tensors, self.V
         while True:
             step, t0 = run["steps"], clock.elapsed()
+            self.step_start_s = t0
             WHERE["step"] = step
             x_BT, y_BT = self.loader.next()
             how = fault(self.rank, step, self.arm)

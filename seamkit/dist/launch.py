@@ -356,7 +356,7 @@ def _worker(args) -> int:
             report = assemble(cfg, plan, got["parts"], got["backend"],
                               "none: under torchrun each rank runs the arms in one process (--arm picks one)")
             write_report(args.out, report, "seams")
-            from ..train import summary_table
+            from ..study import summary_table
             print(summary_table(report))
             print(summary(report))
             print(f"report: {args.out}")
@@ -424,7 +424,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("seamkit.dist: interrupted", file=sys.stderr)
         return 130
-    from ..train import summary_table
+    from ..study import summary_table
     print(summary_table(report))
     print(summary(report))
     print(f"report: {args.out}")

@@ -27,7 +27,8 @@ import torch
 
 from ..model import autocast, lm_loss
 from ..seams import class_map, make_aux_heads
-from ..train import make_optimizer, token_counts
+from ..optim import make_optimizer
+from ..train import token_counts
 from .stage import SLOW_S, WHERE, RankRun, fault, stop_requested
 
 GO, STOP, INTERRUPT, FAILED = 1, 0, 2, 3  # control values
@@ -87,6 +88,7 @@ class LocalRun(RankRun):
                 self.wire.recv(self.h_shape, self.rank - 1, "activation")
                 continue
             step, t0 = run["steps"], clock.elapsed()
+            self.step_start_s = t0
             WHERE["step"] = step
             value = self.step(step)
             run["wire_steps"] += 1

@@ -23,7 +23,9 @@ import torch.nn as nn
 from ..config import RunConfig
 from ..data import RowLoader, eval_batches
 from ..model import GPT, autocast, lm_loss, param_dtype
-from ..train import Clock, CurveMarks, lr_at, peak_rss_bytes, reset_peak_memory
+from ..memory import peak_rss_bytes, reset_peak_memory
+from ..optim import scheduled_lr
+from ..train import Clock, CurveMarks
 from .plan import WIRE_DTYPES, Plan
 from .wire import Tally, Timer, Wire
 
@@ -124,6 +126,7 @@ class RankRun:
         self.cfg, self.plan, self.rank, self.device, self.emit = cfg, plan, rank, device, emit
         self.all_segs, self.owner = all_segs, owner
         self.mine = [v for v, r in enumerate(owner) if r == rank]
+        self.step_start_s = 0.0  # training seconds when the current step started (the LR schedule's)
         self.loss_rank = owner[-1]  # holds the LM head: reports the loss curve and the held-out loss
         tc, m = cfg.train, cfg.model
         self.dtype = param_dtype(tc.dtype)
@@ -169,8 +172,11 @@ class RankRun:
         run["elapsed_s"] = clock.elapsed()
         if self.rank == self.loss_rank:
             last = run["last"]
-            if last is not None and (not run["points"] or run["points"][-1] is not last):
-                self._point(run, last)
+            if last is not None:  # as train.budget_loop: marks after a long last step are that step's
+                for _ in range(marks.left() if run["status"] == "complete" else 0):
+                    self._point(run, last)
+                if not run["points"] or run["points"][-1] is not last or run["status"] == "complete":
+                    self._point(run, last)
             self._progress(run, budget)
         run["peak_rss_bytes"] = peak_rss_bytes()
         run["peak_vram_bytes"] = torch.cuda.max_memory_allocated(self.device) if self.device.type == "cuda" else None
@@ -186,7 +192,7 @@ class RankRun:
         run.update(steps=step + 1, elapsed_s=t1, max_step_s=max(run["max_step_s"], t1 - t0), loss=loss)
         run["last"] = {"step": step, "elapsed_s": t0, "tokens": step * per_step, "loss": loss}
         if self.rank == self.loss_rank:
-            if marks.due(step, t0):
+            for _ in range(marks.due(step, t0)):  # a step that spans several marks fills each
                 self._point(run, run["last"])
             if t1 >= run["next_progress"]:
                 self._progress(run, budget)
@@ -209,8 +215,11 @@ class RankRun:
         return clock.elapsed() >= budget or bool(tc.max_steps and steps >= tc.max_steps)
 
     def update(self, step: int, *opts) -> None:
-        """One optimizer step at this step's learning rate (the stage loops' only lr call site)."""
-        lr = lr_at(step, self.cfg.train)
+        """One optimizer step at this step's learning rate (the stage loops' only lr call site).
+
+        Under the budget schedule the LR follows the share of the budget spent when the step
+        started (`step_start_s`, this rank's clock: every rank starts it after one barrier)."""
+        lr = scheduled_lr(step, self.step_start_s, self.cfg.train)
         for opt in opts:
             for g in opt.param_groups:
                 g["lr"] = lr
