@@ -125,7 +125,7 @@ class SeamsConfig:
     objective: str = "aux_head"  # local objective: aux_head, detached_head or shared_head
     aux_classes: int = 8192  # aux_head: K most frequent training tokens (+1 "other"), capped at vocab
     stages: int = 0  # >0: run as real pipeline stages on torch.distributed (issue: seamkit.dist)
-        order: str = "interleaved"  # "interleaved": the arms take turns in slices; "sequential": e2e, then local
+    order: str = "interleaved"  # "interleaved": the arms take turns in slices; "sequential": e2e, then local
     slice_seconds: float = 2.0  # interleaved: training seconds an arm runs before the other takes its turn
     repeats: int = 1  # seeds train.seed, train.seed+1, ...; both arms share each seed (paired)
     token_marks: int = 3  # held-out loss of both arms at this many equal token counts
