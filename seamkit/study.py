@@ -197,8 +197,9 @@ def build_report(cfg: RunConfig, results: dict, interrupted: bool = False, isola
     flops = peak["flops_per_s"] if peak else None
     arms = {arm: _report_arm(arm, results.get(arm), (costs or {}).get(arm), flops) for arm in ARMS}
     statuses = [a["status"] for a in arms.values()]
-    status = "interrupted" if interrupted or "interrupted" in statuses or "not_run" in statuses else \
-        "failed" if "failed" in statuses else "complete"
+    # a failed arm outranks one never run (a launch of one arm, or a study stopped by the failure)
+    status = "interrupted" if interrupted or "interrupted" in statuses else \
+        "failed" if "failed" in statuses else "interrupted" if "not_run" in statuses else "complete"
     e2e, local = arms["e2e"], arms["local"]
 
     def mem(a, growth=False):  # an arm that never stepped measured nothing worth comparing
