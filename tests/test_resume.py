@@ -29,6 +29,16 @@ def ctrl_c_at(step, arm=None, seed=None, signal_it=False):
     return cb
 
 
+def first_steps():
+    """A callback recording each (seed, arm)'s first step in this call (progress events count steps done)."""
+    seen = {}
+
+    def cb(e):
+        if e["kind"] == "progress" and e["step"] > 0:
+            seen.setdefault((e.get("seed", 0), e.get("arm")), e["step"])
+    return seen, cb
+
+
 def held_out(rep):
     """The equal-token table without its timings."""
     return [(row["step"], row["e2e"]["loss"], row["local"]["loss"]) for row in rep["equal_tokens"]]
@@ -43,8 +53,10 @@ def test_train_resumed_after_ctrl_c_ends_like_an_uninterrupted_run(tmp_path):
     whole = train_run(cfg, tmp_path / "whole", progress=False)
     part = train_run(cfg, tmp_path / "part", callback=ctrl_c_at(5, signal_it=True), progress=False)
     assert part["status"] == "interrupted" and 5 < part["steps"] < STEPS
-    done = train_run(cfg, tmp_path / "part", progress=False, resume=True)
+    seen, cb = first_steps()
+    done = train_run(cfg, tmp_path / "part", callback=cb, progress=False, resume=True)
     assert done["status"] == "complete" and done["steps"] == STEPS
+    assert seen[(0, "e2e")] == part["steps"] + 1  # it went on, not over again
     assert done["checkpoint"].split(":")[1] == whole["checkpoint"].split(":")[1]
     assert curve(done) == curve(whole) and done["val_loss"] == whole["val_loss"]
     assert len(done["loss_curve"]) == cfg.train.curve_points
@@ -61,8 +73,10 @@ def test_study_resumed_twice_keeps_finished_repeats_and_ends_like_an_uninterrupt
     assert second["status"] == "interrupted" and [r["seed"] for r in second["repeats"]] == [0, 1]
     r0 = checkpoint_path(out, "e2e", 0)
     kept = r0.stat().st_mtime_ns
-    done = S.seams_study(cfg, out, progress=False, isolate=False, resume=True)
+    seen, cb = first_steps()
+    done = S.seams_study(cfg, out, callback=cb, progress=False, isolate=False, resume=True)
     assert done["status"] == "complete" and r0.stat().st_mtime_ns == kept  # repeat 0 was kept, not rerun
+    assert list(seen) == [(1, "local")] and seen[(1, "local")] > 6  # only the stopped arm went on
     for k in range(2):
         for arm in ("e2e", "local"):
             a, b = done["repeats"][k]["arms"][arm], whole["repeats"][k]["arms"][arm]
@@ -82,6 +96,8 @@ def test_cli_seams_resume_continues_in_the_arms_processes(tmp_path, capsys):
             "--resume", str(out)]
     assert cli.main(argv) == 0
     done = json.loads(out.read_text())
+    local_steps = sum(s["steps"] for s in done["repeats"][0]["arms"]["local"]["slices_raw"])
+    assert 0 < local_steps < STEPS - 5  # the local arm's process went on from its checkpoint
     for arm in ("e2e", "local"):
         assert done["arms"][arm]["checkpoint"].split(":")[1] == whole["arms"][arm]["checkpoint"].split(":")[1]
         assert curve(done["arms"][arm]) == curve(whole["arms"][arm])
