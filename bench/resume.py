@@ -71,8 +71,11 @@ def interrupted_run(kind: str, where: Path) -> Path:
     from seamkit.train import train_run
     cfg = C.override(C.preset("cpu"), {**OVERRIDES, "seams.repeats": 1, "seams.order": "sequential"})
 
+    stopped = []
+
     def cb(e):
-        if e["kind"] == "progress" and e["step"] >= STOP_AT and e.get("arm", "e2e") == "e2e":
+        if e["kind"] == "progress" and e["step"] >= STOP_AT and e.get("arm", "e2e") == "e2e" and not stopped:
+            stopped.append(e["step"])
             raise KeyboardInterrupt
     out = where / ("run" if kind == "train" else "study.json")
     if kind == "train":

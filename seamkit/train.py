@@ -37,6 +37,8 @@ CUDA allocation) training started from; RSS is the arm's own only when it runs i
 its own (`own_process`). An arm ends `complete`, `failed` (a non-finite training loss:
 `failed_step`, and no update from that step), `interrupted` (Ctrl-C or `stop()`: it stops
 between steps and still checkpoints and reports) or, in a report, `not_run`.
+Every checkpoint carries the loop's state (`budget_loop`'s `loop_state`), so an arm stopped
+any way can continue where it was (`seamkit.resume`, `--resume`).
 
 Callback events (`callback(event: dict)`, called off the clock):
   {"kind": "start", "arm", "budget_seconds", "max_steps", "tokens_per_step", "segments", "objective"}
