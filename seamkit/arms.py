@@ -125,9 +125,10 @@ _STOP = threading.Event()
 
 
 def _arm_worker(arm: str, cfg_dict: dict, ckpt: str | None, q, go, parent: int, slice_s: float,
-                snap_dir: str | None, snap_keep: int) -> None:
+                snap_dir: str | None, snap_keep: int, resume: bool = False) -> None:
     """Body of an arm's process: SIGINT only sets a flag, so the arm stops between steps and still
-    reports (status interrupted) and checkpoints what it did."""
+    reports (status interrupted) and checkpoints what it did. `resume`: continue from `ckpt`
+    when it exists (with its slices and snapshots so far)."""
     signal.signal(signal.SIGINT, lambda *_: _STOP.set())
     turns = None
     try:
@@ -137,13 +138,23 @@ def _arm_worker(arm: str, cfg_dict: dict, ckpt: str | None, q, go, parent: int, 
             return _STOP.is_set() or os.getppid() != parent
         turns = Turns(arm, go, q, slice_s, cfg.data.batch * cfg.model.seq, stop)
         snaps = Snapshots(snap_dir, snap_keep) if snap_dir else None
+        resume_from = None
+        if resume and ckpt and Path(ckpt).exists():
+            from .resume import load_arm
+            resume_from = load_arm(ckpt, cfg, arm)
+            turns.slices = list(resume_from["extra"].get("slices") or [])
+            if snaps and resume_from["extra"].get("snapshots"):
+                snaps.g, snaps.kept = resume_from["extra"]["snapshots"]["g"], resume_from["extra"]["snapshots"]["kept"]
+
+        def save_extra():
+            return {"slices": turns.slices, "snapshots": {"g": snaps.g, "kept": snaps.kept} if snaps else None}
 
         def callback(event):
             if event["kind"] == "start":
                 q.put({"kind": "_ready", "arm": arm})
             q.put(event)
         result = run_arm(arm, cfg, callback=callback, checkpoint_path=ckpt, own_process=True, stop=stop,
-                         gate=turns, after_step=snaps)
+                         gate=turns, after_step=snaps, resume_from=resume_from, save_extra=save_extra)
         turns.finish(result["steps"], result["elapsed_s"])
         result["slices"] = turns.slices
         result["snapshots"] = snaps.kept if snaps else []
@@ -163,29 +174,32 @@ def _arm_worker(arm: str, cfg_dict: dict, ckpt: str | None, q, go, parent: int, 
 
 
 def run_arms(cfg: RunConfig, checkpoints: dict, callback: Callable[[dict], None] | None = None,
-             order: str = "interleaved", snapshot_dir=None) -> tuple[dict, bool]:
-    """Both arms, each in its own spawned process, taking turns (see the module docstring).
+             order: str = "interleaved", snapshot_dir=None, arms: tuple = ARMS,
+             resume: bool = False) -> tuple[dict, bool]:
+    """Both arms (or those in `arms`), each in its own spawned process, taking turns (see the module docstring).
 
     `checkpoints`: {arm: path or None}. Returns ({arm: run_arm's result + "slices" and
     "snapshots"}, interrupted here). An arm that never reported is missing from the results.
+    `resume`: each arm continues from its checkpoint where there is one (`seamkit.resume`).
     """
+    arms = tuple(a for a in ARMS if a in arms)
     ctx = mp.get_context("spawn")  # the arms inherit this process's environment (OpenMP: seamkit/__init__.py)
     q = ctx.Queue()
-    go = {arm: ctx.Event() for arm in ARMS}
+    go = {arm: ctx.Event() for arm in arms}
     slice_s = cfg.seams.slice_seconds if order == "interleaved" else math.inf
     keep = 8 * cfg.seams.token_marks
     procs = {}
-    for arm in ARMS:
+    for arm in arms:
         snap = str(Path(snapshot_dir) / arm) if snapshot_dir else None
         ckpt = str(checkpoints[arm]) if checkpoints.get(arm) else None
         procs[arm] = ctx.Process(target=_arm_worker, name=f"seamkit-{arm}", daemon=True,
-                                 args=(arm, cfg.to_dict(), ckpt, q, go[arm], os.getpid(), slice_s, snap, keep))
+                                 args=(arm, cfg.to_dict(), ckpt, q, go[arm], os.getpid(), slice_s, snap, keep, resume))
         procs[arm].start()
     results, ready, done, interrupted = {}, set(), set(), False
 
     def hand_on(prev: str | None) -> None:
         """The turn goes to the other arm while it still trains, else back to `prev`."""
-        waiting = [a for a in ARMS if a not in done]
+        waiting = [a for a in arms if a not in done]
         if not waiting:
             return
         nxt = next((a for a in waiting if a != prev), waiting[0])
@@ -198,7 +212,7 @@ def run_arms(cfg: RunConfig, checkpoints: dict, callback: Callable[[dict], None]
                     os.kill(p.pid, signal.SIGINT)
 
     try:
-        while len(done) < len(ARMS):
+        while len(done) < len(arms):
             try:
                 msg = q.get(timeout=0.2)
             except queue.Empty:
@@ -216,13 +230,13 @@ def run_arms(cfg: RunConfig, checkpoints: dict, callback: Callable[[dict], None]
             kind, arm = msg["kind"], msg.get("arm")
             if kind == "_ready":
                 ready.add(arm)
-                if ready == set(ARMS):
+                if ready == set(arms):
                     hand_on(None)
             elif kind == "_turn":
                 if msg["done"]:
                     done.add(arm)
                     ready.add(arm)
-                if ready == set(ARMS):
+                if ready == set(arms):
                     hand_on(arm)
             elif kind == "_result":
                 results[arm] = msg["result"]

@@ -97,8 +97,9 @@ def cmd_info(args) -> int:
 def cmd_train(args) -> int:
     from .train import train_run
     cfg = build_config(args)
-    check_writable(args.out, directory=True)
-    summary = train_run(cfg, Path(args.out))
+    out = args.resume or args.out
+    check_writable(out, directory=True)
+    summary = train_run(cfg, Path(out), resume=args.resume is not None)
     print(json.dumps({k: summary[k] for k in ("status", "steps", "tokens_per_s", "val_loss", "checkpoint")
                       if k in summary}, indent=2))
     return _exit_code(summary.get("status"))
@@ -113,15 +114,19 @@ def cmd_seams(args) -> int:
     from .study import seams_study, summary_table
     from .train import checkpoint_path
     cfg = build_config(args)
+    if args.resume:
+        args.out = args.resume
     check_writable(args.out)
     check_writable(checkpoint_path(args.out, "e2e"))
     extra = None
     if cfg.seams.stages > 0:  # real pipeline stages, one process per segment (seamkit.dist)
+        if args.resume:
+            raise C.ConfigError("--resume is for the one-device study (seams.stages=0)")
         from .dist import launch, summary
         report = launch(cfg, Path(args.out))
         extra = summary(report)
     else:
-        report = seams_study(cfg, Path(args.out))
+        report = seams_study(cfg, Path(args.out), resume=args.resume is not None)
     print(summary_table(report))
     if extra:
         print(extra)
@@ -212,6 +217,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--lr-schedule", dest="lr_schedule", choices=C.LR_SCHEDULES,
                    help="LR schedule by budget share or by step (train.schedule)")
     p.add_argument("--out", default="runs/train", help="output directory")
+    p.add_argument("--resume", metavar="OUT", help="continue the run stopped in output directory OUT "
+                   "(same --preset and --set as that run)")
     p.set_defaults(fn=cmd_train)
 
     p = sub.add_parser("seams", help="the seams study: e2e vs local under one wall-clock budget")
@@ -228,6 +235,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--schedule", choices=C.PIPELINE_SCHEDULES, help="with --stages: the e2e pipeline schedule")
     p.add_argument("--micro-batches", dest="micro_batches", type=int, help="with --stages: e2e micro-batches")
     p.add_argument("--out", default="reports/seams.json", help="report path")
+    p.add_argument("--resume", metavar="OUT", help="continue the study stopped with report path OUT "
+                   "(same --preset and --set as that study)")
     p.set_defaults(fn=cmd_seams)
 
     p = sub.add_parser("prune-check", help="the pruning study: exact pruning vs a compiled reference step")

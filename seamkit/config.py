@@ -214,7 +214,9 @@ def tokenizer_vocab(name: str) -> int:
 
 def seed() -> RunConfig:
     """The reference run: vocab 151936, dim 512, 16 blocks, 8 heads, seq 512, batch 8, 1 h per arm."""
-    return RunConfig(preset="seed")
+    c = RunConfig(preset="seed")
+    c.train = dataclasses.replace(c.train, checkpoint_every_s=300.0)  # an hour-long arm loses at most 5 min
+    return c
 
 
 def cpu() -> RunConfig:

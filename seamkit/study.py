@@ -28,14 +28,15 @@ written with status "interrupted" (it is written atomically, whole or not at all
 from __future__ import annotations
 
 import math
+import shutil
 import statistics
-import tempfile
 from pathlib import Path
 from typing import Callable
 
 import torch
 
 from . import arms as A
+from . import resume as R
 from .config import ConfigError, RunConfig, override
 from .costs import arm_costs, matmul_peak
 from .data import load_corpus
@@ -322,18 +323,26 @@ def study_report(cfg: RunConfig, runs: list[dict], interrupted: bool, isolated: 
 # ----------------------------------------------------------------------------- the study
 
 def seams_study(cfg: RunConfig, out_path, callback: Callable[[dict], None] | None = None, progress: bool = True,
-                isolate: bool = True) -> dict:
+                isolate: bool = True, resume: bool = False) -> dict:
     """Run the study (see the module docstring), write the report atomically, return it.
 
     `isolate`: each arm in its own spawned process, taking turns (`seams.order`); False runs both
     here, one after the other (tests, debugging). A script that calls this needs the usual
     multiprocessing `if __name__ == "__main__":` guard (notebooks and the CLI do not).
+    `resume`: continue the study an earlier call with `out_path` stopped (`seamkit.resume`):
+    finished repeats and ended arms are kept, the other arms go on from their checkpoints.
     """
     if cfg.seams.stages > 0:
         raise ConfigError("seams.stages > 0 asks for real pipeline stages (seamkit.dist); seams_study runs "
                           "both arms on one device: set seams.stages=0")
     out_path = Path(out_path)
     parse_seams(cfg.seams.seams, cfg.model.n_blocks)  # a bad seam spec fails before any training
+    kept = R.load_study(out_path, cfg) if resume else []
+    if resume:  # every checkpoint fits this config, before any training
+        for k in range(cfg.seams.repeats):
+            for arm in ARMS:
+                if checkpoint_path(out_path, arm, k).exists():
+                    R.peek(checkpoint_path(out_path, arm, k), override(cfg, {"train.seed": cfg.train.seed + k}), arm)
     corpus = load_corpus(cfg.data)  # fills the cache once, and data errors surface here
     if cfg.train.threads > 0:
         torch.set_num_threads(cfg.train.threads)
@@ -349,31 +358,47 @@ def seams_study(cfg: RunConfig, out_path, callback: Callable[[dict], None] | Non
             event = {**event, "seed": seed, "repeat": k}
             fanout(callback, bars)(event)
         ckpts = {arm: checkpoint_path(out_path, arm, k) for arm in ARMS}
-        with tempfile.TemporaryDirectory(prefix="seamkit-snapshots-") as snap_dir:
-            results = {}
+        prior = kept[k] if k < len(kept) else {}
+        if prior.get("finished"):
+            runs.append(prior)
+            continue
+        # snapshots live beside the checkpoints until the repeat ends, so a resumed repeat still has them
+        snap_dir = checkpoint_path(out_path, "snapshots", k).with_suffix("")
+        if not resume:
+            shutil.rmtree(snap_dir, ignore_errors=True)
+        results = {a: r for a, r in prior.get("results", {}).items() if r["status"] in R.ENDED}
+        todo = tuple(a for a in ARMS if a not in results)
+        try:
+            if isolate:
+                new, interrupted = A.run_arms(c, ckpts, cb, c.seams.order, snap_dir, arms=todo, resume=resume)
+                results.update(new)
+            else:
+                for arm in todo:
+                    snaps = A.Snapshots(Path(snap_dir) / arm, 8 * c.seams.token_marks)
+                    ckpt = R.load_arm(ckpts[arm], c, arm) if resume and ckpts[arm].exists() else None
+                    if ckpt is not None and ckpt["extra"].get("snapshots"):
+                        snaps.g, snaps.kept = ckpt["extra"]["snapshots"]["g"], ckpt["extra"]["snapshots"]["kept"]
+                    results[arm] = run_arm(arm, c, corpus, callback=cb, checkpoint_path=ckpts[arm],
+                                           after_step=snaps, resume_from=ckpt,
+                                           save_extra=lambda s=snaps: {"snapshots": {"g": s.g, "kept": s.kept}})
+                    results[arm]["snapshots"] = snaps.kept
+                    if results[arm]["status"] == "interrupted":
+                        break
+        except KeyboardInterrupt:
+            interrupted = True
+        interrupted = interrupted or any(r["status"] == "interrupted" for r in results.values())
+        views = {"equal_tokens": [], "time_to_target": None}
+        if not interrupted:
             try:
-                if isolate:
-                    results, interrupted = A.run_arms(c, ckpts, cb, c.seams.order, snap_dir)
-                else:
-                    for arm in ARMS:
-                        snaps = A.Snapshots(Path(snap_dir) / arm, 8 * c.seams.token_marks)
-                        results[arm] = run_arm(arm, c, corpus, callback=cb, checkpoint_path=ckpts[arm],
-                                               after_step=snaps)
-                        results[arm]["snapshots"] = snaps.kept
-                        if results[arm]["status"] == "interrupted":
-                            break
+                views = held_out_views(c, corpus, results)
             except KeyboardInterrupt:
                 interrupted = True
-            interrupted = interrupted or any(r["status"] == "interrupted" for r in results.values())
-            views = {"equal_tokens": [], "time_to_target": None}
-            if not interrupted:
-                try:
-                    views = held_out_views(c, corpus, results)
-                except KeyboardInterrupt:
-                    interrupted = True
-        for r in results.values():
-            r.pop("snapshots", None)
-        runs.append({"seed": seed, "results": results, "views": views})
+        if not interrupted:
+            for r in results.values():
+                r.pop("snapshots", None)
+            shutil.rmtree(snap_dir, ignore_errors=True)
+        runs.append({"seed": seed, "results": results, "views": views, "finished": not interrupted})
+        R.save_study(out_path, cfg, runs)
         if interrupted:
             break
     report = study_report(cfg, runs, interrupted, isolate, costs, peak)

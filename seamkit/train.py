@@ -37,6 +37,8 @@ CUDA allocation) training started from; RSS is the arm's own only when it runs i
 its own (`own_process`). An arm ends `complete`, `failed` (a non-finite training loss:
 `failed_step`, and no update from that step), `interrupted` (Ctrl-C or `stop()`: it stops
 between steps and still checkpoints and reports) or, in a report, `not_run`.
+Every checkpoint carries the loop's state (`budget_loop`'s `loop_state`), so an arm stopped
+any way can continue where it was (`seamkit.resume`, `--resume`).
 
 Callback events (`callback(event: dict)`, called off the clock):
   {"kind": "start", "arm", "budget_seconds", "max_steps", "tokens_per_step", "segments", "objective"}
@@ -243,14 +245,17 @@ class CurveMarks:
 
 
 def budget_loop(a: Arm, loader: RowLoader, tc: TrainConfig, clock: Clock, emit: Callable[[dict], None],
-                stop: Callable[[], bool] = lambda: False, save: Callable[[int], None] | None = None,
+                stop: Callable[[], bool] = lambda: False, save: Callable[[int, dict], None] | None = None,
                 gate: Callable[[Clock, int], None] | None = None,
-                after_step: Callable[[int, float], None] | None = None) -> dict:
+                after_step: Callable[[int, float], None] | None = None, resume: dict | None = None) -> dict:
     """Train until the budget or max_steps, a non-finite loss (failed), or Ctrl-C / `stop()` (interrupted).
 
     `gate(clock, steps_done)` runs before every step (the interleaved study's turns: it pauses the
     clock while the other arm runs); `after_step(steps_done, elapsed_s)` after every step, off the
-    clock (snapshots for the equal-token view).
+    clock (snapshots for the equal-token view). `save(steps_done, loop_state)` checkpoints every
+    `tc.checkpoint_every_s`; `loop_state` (plain data; also the returned run's "resume") is what
+    `resume` takes to continue the loop where it was: steps, training seconds (the clock and
+    so the schedule go on from there), curve points and marks.
     """
     budget = tc.budget_seconds if tc.budget_seconds > 0 else math.inf
     per_step = loader.batch * loader.seq
@@ -258,6 +263,18 @@ def budget_loop(a: Arm, loader: RowLoader, tc: TrainConfig, clock: Clock, emit: 
     run = {"status": "complete", "steps": 0, "elapsed_s": 0.0, "max_step_s": 0.0, "failed_step": None,
            "points": [], "lr_final": None}
     last, next_progress, next_save = None, 0.0, tc.checkpoint_every_s
+    if resume is not None:  # continue: the points so far, each mark already passed, the clock from its seconds
+        run.update({k: resume[k] for k in ("steps", "elapsed_s", "max_step_s", "lr_final")})
+        last, marks.j = resume["last"], resume["marks_j"]
+        run["points"] = resume["points"][:resume["n_points"]]
+        run["points"] += [last] * (marks.j - len(run["points"]))  # marks of the last step not yet filled
+        clock.off -= run["elapsed_s"]
+        next_save = run["elapsed_s"] + tc.checkpoint_every_s
+
+    def loop_state() -> dict:
+        return {"steps": run["steps"], "elapsed_s": run["elapsed_s"], "max_step_s": run["max_step_s"],
+                "lr_final": run["lr_final"], "points": list(run["points"]), "n_points": len(run["points"]),
+                "marks_j": marks.j, "last": last}
 
     def point(p):
         run["points"].append(p)
@@ -298,13 +315,14 @@ def budget_loop(a: Arm, loader: RowLoader, tc: TrainConfig, clock: Clock, emit: 
                 next_progress = t1 + PROGRESS_EVERY_S
             if save is not None and tc.checkpoint_every_s > 0 and t1 >= next_save:
                 with clock.paused():
-                    save(step + 1)
+                    save(step + 1, loop_state())
                 next_save = t1 + tc.checkpoint_every_s
             if after_step is not None:
                 with clock.paused():
                     after_step(step + 1, t1)
     except KeyboardInterrupt:
         run["status"] = "interrupted"
+    run["resume"] = loop_state()
     if last is not None:
         # the budget ended inside a long step: the marks after that step's start are the last step's
         for _ in range(marks.left() if run["status"] == "complete" else 0):
@@ -328,12 +346,16 @@ def checkpoint_path(out_path, arm: str, repeat: int = 0) -> Path:
 def run_arm(arm: str, cfg: RunConfig, corpus=None, callback: Callable[[dict], None] | None = None,
             checkpoint_path: str | os.PathLike | None = None, own_process: bool = False,
             stop: Callable[[], bool] = lambda: False, gate: Callable[[Clock, int], None] | None = None,
-            after_step: Callable[[Arm, int, float], None] | None = None) -> dict:
+            after_step: Callable[[Arm, int, float], None] | None = None, resume_from: dict | None = None,
+            save_extra: Callable[[], dict] | None = None) -> dict:
     """Train one arm for the budget, evaluate it, checkpoint it; returns its metrics (unrounded).
 
     `own_process`: this process runs nothing else, so its peak RSS is the arm's (else the RSS
     keys are None). `stop`: polled every step; True ends the arm as interrupted. `gate` and
-    `after_step` as for `budget_loop` (after_step also gets the arm).
+    `after_step` as for `budget_loop` (after_step also gets the arm). `resume_from`: a loaded
+    checkpoint of this arm (`resume.load_arm`) to continue from: weights, both optimizers, RNG,
+    data position and the loop's state. `save_extra()`: more plain data for every checkpoint's
+    `extra` (the study's slices and snapshots).
     """
     tc = cfg.train
     if tc.threads > 0:
@@ -342,14 +364,17 @@ def run_arm(arm: str, cfg: RunConfig, corpus=None, callback: Callable[[dict], No
     a = build_arm(arm, cfg, corpus)
     loader = RowLoader(corpus, "train", cfg.data.batch, cfg.model.seq, tc.seed, device=a.device)
     batches = held_out(corpus, cfg, device=a.device)
+    if resume_from is not None:
+        from .resume import restore_arm
+        restore_arm(resume_from, a, loader)
     callback = callback or (lambda event: None)
     callback({"kind": "start", "arm": arm, "budget_seconds": tc.budget_seconds, "max_steps": tc.max_steps,
               "tokens_per_step": cfg.data.batch * cfg.model.seq, "segments": a.segs, "objective": a.objective})
 
-    def save(step: int, status: str = "running") -> str | None:
+    def save(step: int, loop_state: dict | None = None, status: str = "running") -> str | None:
         if checkpoint_path is None:
             return None
-        extra = {"arm": arm, "status": status,
+        extra = {"arm": arm, "status": status, "resume": loop_state, **(save_extra() if save_extra else {}),
                  "objective": a.objective, "segments": a.segs, "classes": a.classes,
                  "aux_heads": a.heads.state_dict() if a.heads is not None else None,
                  "aux_optimizer": a.head_opt.state_dict() if a.head_opt is not None else None}
@@ -366,7 +391,8 @@ def run_arm(arm: str, cfg: RunConfig, corpus=None, callback: Callable[[dict], No
             callback({"arm": arm, **event})
 
     run = budget_loop(a, loader, tc, clock, emit, stop=stop, save=save, gate=gate,
-                      after_step=(lambda steps, t: after_step(a, steps, t)) if after_step else None)
+                      after_step=(lambda steps, t: after_step(a, steps, t)) if after_step else None,
+                      resume=resume_from["extra"]["resume"] if resume_from is not None else None)
     mem = memory.measure()
     if not own_process:
         mem.update(peak_rss_bytes=None, rss_start_bytes=None, rss_growth_bytes=None)
@@ -378,7 +404,7 @@ def run_arm(arm: str, cfg: RunConfig, corpus=None, callback: Callable[[dict], No
             run["status"] = "interrupted"
     if final_loss is not None and not math.isfinite(final_loss):
         final_loss = final_stderr = None
-    ref = save(run["steps"], run["status"])
+    ref = save(run["steps"], run.pop("resume"), run["status"])
     tokens = run["steps"] * cfg.data.batch * cfg.model.seq
     repeated = repeat_warning(arm, tokens, corpus)
     if repeated:
@@ -437,11 +463,26 @@ class ProgressBars:
 # ----------------------------------------------------------------------------- e2e training run
 
 def train_run(cfg: RunConfig, out_dir, callback: Callable[[dict], None] | None = None,
-              progress: bool = True) -> dict:
-    """Train e2e for the budget; writes out_dir/checkpoint.pt and out_dir/summary.json; returns the summary."""
+              progress: bool = True, resume: bool = False) -> dict:
+    """Train e2e for the budget; writes out_dir/checkpoint.pt and out_dir/summary.json; returns the summary.
+
+    `resume`: continue the run that out_dir/checkpoint.pt stopped (`seamkit.resume`). Ctrl-C
+    stops between steps (a second one at once), so the checkpoint it leaves can be resumed.
+    """
+    from . import resume as R
     out_dir = Path(out_dir)
+    ckpt = None
+    if resume:
+        path = out_dir / "checkpoint.pt"
+        if not path.exists():
+            raise R.ResumeError(f"cannot resume {out_dir}: no checkpoint.pt there")
+        status = R.peek(path, cfg, "e2e")
+        if status in R.ENDED:
+            raise R.ResumeError(f"nothing to resume in {out_dir}: its run ended {status}")
+        ckpt = R.load_arm(path, cfg, "e2e")
     cb = fanout(callback, ProgressBars() if progress else None)
-    r = run_arm("e2e", cfg, callback=cb, checkpoint_path=out_dir / "checkpoint.pt")
+    with R.sigint_stops() as stop:
+        r = run_arm("e2e", cfg, callback=cb, checkpoint_path=out_dir / "checkpoint.pt", stop=stop, resume_from=ckpt)
     summary = {
         "status": r["status"], "steps": r["steps"], "tokens": r["tokens"], "elapsed_s": r["elapsed_s"],
         "tokens_per_s": r["tokens_per_s"], "val_loss": r["final_loss"], "val_ppl": r["final_ppl"],

@@ -1,0 +1,145 @@
+"""Resuming an interrupted run or study (`seamkit train --resume OUT`, `seamkit seams --resume OUT`).
+
+What an arm's checkpoint holds for it (`train.run_arm` writes it, periodically every
+`train.checkpoint_every_s` training seconds and when the arm ends): the GPT's weights and AdamW
+state, the aux heads and their AdamW state (`extra`), the RNG states, the RowLoader's position
+(`data`) and the budget loop's state (`extra.resume`: steps, training seconds, so the schedule
+and the remaining budget go on from there, the loss-curve points and marks, the last step);
+the seams study adds its slices and the snapshots kept for the equal-token view. An arm
+continued from it takes the same steps on the same batches as one never stopped: with
+`max_steps` it ends on the same checkpoint id.
+
+The study also keeps `<checkpoints>/<stem>_study.json` (written atomically after each repeat
+and when it stops): every repeat's results so far. On resume, finished repeats are kept as
+they are, and in the first unfinished one the arms that ended (complete or failed) are kept
+and the others continue from their checkpoints (or start, when they never checkpointed).
+
+A resume folder that is missing, corrupt, or was written under another config is refused
+with one line (ResumeError, CheckpointError) before any training.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import signal
+import threading
+from pathlib import Path
+
+from . import checkpoint
+from .config import RunConfig, SeamkitError
+from .report import atomic_file
+
+ENDED = ("complete", "failed")  # an arm in such a state is kept, never continued
+IGNORED = ("train.threads",)  # may differ between the run and its resume
+
+
+class ResumeError(SeamkitError):
+    """A run that cannot be resumed; the message is one line naming the problem."""
+
+
+def _flat(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def check_config(saved: dict, cfg: RunConfig, path) -> None:
+    """Refuse a resume under another config than the run's, naming the first differing field."""
+    have, want = _flat(saved), _flat(cfg.to_dict())
+    for key in sorted(set(have) | set(want)):
+        if key not in IGNORED and have.get(key) != want.get(key):
+            raise ResumeError(f"cannot resume from {path}: it was run with {key}={have.get(key)!r}, this command "
+                              f"asks for {want.get(key)!r}; resume with the run's --preset and --set")
+
+
+def peek(path, cfg: RunConfig, arm: str) -> str:
+    """The status an arm's checkpoint ended in, after checking it fits `cfg` and `arm` (tensors not read)."""
+    path = Path(path)
+    checkpoint.read_config(path)  # a missing, corrupt or unsafe file: one line
+    ckpt = checkpoint._safe_load(path, mmap=True)
+    extra = ckpt.get("extra") or {}
+    if extra.get("arm") != arm:
+        raise ResumeError(f"cannot resume from {path}: it is a checkpoint of arm {extra.get('arm')!r}, not {arm!r}")
+    if not isinstance(extra.get("resume"), dict):
+        raise ResumeError(f"cannot resume from {path}: it holds no resume state (written by an older seamkit)")
+    check_config(ckpt["config"], cfg, path)
+    return extra.get("status", "running")
+
+
+def load_arm(path, cfg: RunConfig, arm: str) -> dict:
+    """A checkpoint to continue `arm` from (verified: its tensors hash to its id)."""
+    peek(path, cfg, arm)
+    ckpt = checkpoint.load(path)
+    ckpt["path"] = str(path)
+    return ckpt
+
+
+def restore_arm(ckpt: dict, a, loader) -> None:
+    """Weights, the GPT's and the aux heads' optimizers, data position and RNG into a built arm."""
+    checkpoint.restore(ckpt, a.model, a.opt, path=ckpt.get("path", "checkpoint"))
+    extra = ckpt["extra"]
+    if a.heads is not None:
+        if extra.get("aux_heads") is None or extra.get("aux_optimizer") is None:
+            raise ResumeError("cannot resume: the checkpoint holds no aux heads for this arm")
+        a.heads.load_state_dict(extra["aux_heads"])
+        a.head_opt.load_state_dict(extra["aux_optimizer"])
+    loader.load_state_dict(ckpt["data"])
+    checkpoint.set_rng_state(ckpt["rng"])
+
+
+# ----------------------------------------------------------------------------- the study's state
+
+def study_state_path(out_path) -> Path:
+    out_path = Path(out_path)
+    return out_path.parent / "checkpoints" / f"{out_path.stem}_study.json"
+
+
+def save_study(out_path, cfg: RunConfig, runs: list[dict]) -> None:
+    """Every repeat's results so far, atomically (snapshots' paths included, for the held-out views)."""
+    with atomic_file(study_state_path(out_path), "w") as f:
+        json.dump({"config": cfg.to_dict(), "runs": runs}, f)
+
+
+def load_study(out_path, cfg: RunConfig) -> list[dict]:
+    """The runs a study resumed from `out_path` keeps; [] when none ended a repeat or an arm yet."""
+    path = study_state_path(out_path)
+    ckpt_dir = path.parent
+    if not path.exists():
+        if not ckpt_dir.is_dir() or not any(ckpt_dir.glob(f"{Path(out_path).stem}_*.pt")):
+            raise ResumeError(f"cannot resume {out_path}: no study there (no {path.name} and no checkpoints "
+                              f"in {ckpt_dir})")
+        return []
+    try:
+        state = json.loads(path.read_text())
+        saved, runs = state["config"], state["runs"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ResumeError(f"cannot resume {out_path}: {path} is corrupt ({type(e).__name__})") from None
+    check_config(saved, cfg, path)
+    return runs
+
+
+@contextlib.contextmanager
+def sigint_stops():
+    """Yields a `stop()` for run_arm: the first Ctrl-C only asks the loop to stop between steps (so
+    the checkpoint is of whole steps, fit to resume); a second one interrupts at once."""
+    flag = threading.Event()
+    if threading.current_thread() is not threading.main_thread():
+        yield flag.is_set
+        return
+    previous = signal.getsignal(signal.SIGINT)
+
+    def handler(signum, frame):
+        if flag.is_set():
+            signal.signal(signal.SIGINT, previous)
+            raise KeyboardInterrupt
+        flag.set()
+    signal.signal(signal.SIGINT, handler)
+    try:
+        yield flag.is_set
+    finally:
+        signal.signal(signal.SIGINT, previous)
