@@ -420,7 +420,8 @@ def run_arm(arm: str, cfg: RunConfig, corpus=None, callback: Callable[[dict], No
         "loss_curve_elapsed_s": [p["elapsed_s"] for p in pts], "loss_curve_tokens": [p["tokens"] for p in pts],
         "loss_curve_lr": [p["lr"] for p in pts], "loss_curve_segments": [p["segment_losses"] for p in pts],
         "failed_step": run["failed_step"], "max_step_s": run["max_step_s"], "objective": a.objective,
-        "segments": a.segs, "epochs": epochs(tokens, corpus), "repeat_warning": repeated, "checkpoint": ref, "checkpoint_path": str(checkpoint_path) if checkpoint_path else None,
+        "segments": a.segs, "epochs": epochs(tokens, corpus), "repeat_warning": repeated,
+        "checkpoint": ref, "checkpoint_path": str(checkpoint_path) if checkpoint_path else None,
     }
     callback({"kind": "end", "arm": arm, "status": run["status"], "result": result})
     return result
