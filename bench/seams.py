@@ -14,7 +14,7 @@ arms     (the earlier benchmark, below) MFU of e2e, then local/e2e throughput an
    FLOP/s in the same run: MFU = achieved / measured. Model FLOPs per token: 6 * (params without
    the embedding table) + 6 * n_blocks * seq * dim (causal attention scores and values, fwd+bwd).
 2. local/e2e tokens/s and peak-memory ratios for each objective and each seam count, every arm
-   in its own process (train.run_arm_isolated) so peak RSS is per arm. e2e runs first and last;
+   in its own process (arms.run_arm_isolated) so peak RSS is per arm. e2e runs first and last;
    ratios use the mean of the two (the machine may be shared).
 3. Where each arm's step time goes: forward and backward per segment, the heads (read-out and
    loss, forward and backward), gradient clipping and the optimizer, from a few in-process steps.

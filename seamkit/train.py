@@ -495,14 +495,3 @@ def train_run(cfg: RunConfig, out_dir, callback: Callable[[dict], None] | None =
     }
     write_json(out_dir / "summary.json", summary)
     return summary
-
-
-def __getattr__(name: str):
-    """The study's names, here before it had its own module (`seamkit.study`); dist.py imports them."""
-    if name in ("build_report", "seams_study", "summary_table"):
-        from . import study
-        return getattr(study, name)
-    if name in ("run_arm_isolated", "ChildTraceback"):
-        from . import arms
-        return getattr(arms, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

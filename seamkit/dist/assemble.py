@@ -1,6 +1,6 @@
 """The seams report of a pipeline run, from what every rank returned for each arm.
 
-`train.build_report`'s keys, plus: the stages, the backend, the e2e schedule and its micro-
+`study.build_report`'s keys, plus: the stages, the backend, the e2e schedule and its micro-
 batches (the comparison names them), the placement of the e2e segments, `measured_bytes` per
 arm (counted, against the analytic bytes of that arm's crossings), `per_rank` compute, wait and
 unaccounted time, `bubble` (the wait share of all ranks' time), memory per rank (peak and growth
@@ -116,7 +116,7 @@ def assemble(cfg: RunConfig, plan: Plan, parts: dict, backend: str, isolation: s
 
 
 def summary(report: dict) -> str:
-    """Lines to print under `train.summary_table`: the schedule, measured bytes and bubbles."""
+    """Lines to print under `study.summary_table`: the schedule, measured bytes and bubbles."""
     s, lines = report["schedule"], []
     for arm, m in report["measured_bytes"].items():
         what = f"e2e {s['e2e']}, {s['micro_batches']} micro-batches" if arm == "e2e" else "local"

@@ -139,7 +139,7 @@ def launch(cfg: RunConfig, out_path, stages: int | None = None, callback: Callab
 
     Each arm runs in S fresh processes (`python -m seamkit.dist`, their own sessions,
     rendezvous through a file store). Events (start, point, progress, end) reach `callback` as
-    in `train.seams_study`. The first rank that dies stops the others; the report is written
+    in `study.seams_study`. The first rank that dies stops the others; the report is written
     with that arm failed, then DistError("rank K died: ...") is raised. Ctrl-C here asks rank 0
     to stop between steps and returns the report (status "interrupted"); a second Ctrl-C stops
     everything at once. `cfg.train.threads` is per rank; 0 splits this machine's cores evenly.
