@@ -24,13 +24,25 @@ import torch.nn as nn
 from .config import TrainConfig
 
 
+FUSED_DEVICES = ("cpu", "cuda")  # where torch's fused AdamW kernel runs
+
+
 def make_optimizer(module: nn.Module, tc: TrainConfig) -> torch.optim.AdamW:
-    """AdamW with decay on matrices (dim >= 2) and none on norms and biases (nanoGPT's rule)."""
-    decay = [p for p in module.parameters() if p.dim() >= 2]
-    no_decay = [p for p in module.parameters() if p.dim() < 2]
+    """AdamW with decay on matrices (dim >= 2) and none on norms and biases (nanoGPT's rule).
+
+    The fused kernel (one vectorized pass per tensor) where the parameters' device has one: on
+    CPU torch's default is a per-tensor loop of small ops, about 10x slower (0.25 s against
+    0.025 s a step on the 39M parameters of a Qwen-vocabulary embedding and head). Its update
+    is elementwise, so it does not depend on how the parameters are grouped or split into
+    stages; every step the kit compares (pruned, reference, pipelined) uses this optimizer.
+    """
+    params = list(module.parameters())
+    decay = [p for p in params if p.dim() >= 2]
+    no_decay = [p for p in params if p.dim() < 2]
+    fused = bool(params) and all(p.device.type in FUSED_DEVICES and p.is_floating_point() for p in params)
     return torch.optim.AdamW([{"params": decay, "weight_decay": tc.weight_decay},
                               {"params": no_decay, "weight_decay": 0.0}],
-                             lr=tc.lr, betas=(tc.beta1, tc.beta2))
+                             lr=tc.lr, betas=(tc.beta1, tc.beta2), fused=fused or None)
 
 
 def _cosine(t: float, tc: TrainConfig) -> float:

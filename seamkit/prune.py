@@ -176,7 +176,8 @@ def pruned_loss(model: GPT, p: Plan, ran: dict | None = None) -> Tensor:
     k = apply_rope(a.heads(k), cos, sin)
     x = x[:, t] + a.proj(segment_attention(q, k, a.heads(v), p.target_segments, p.segments, t_masks))  # (1, t, C)
     x = x + block.mlp(block.norm2(x))
-    logits = model.head(model.norm(x))[0]  # (t, vocab)
+    logits = model.head(model.norm(x[0]))  # (t, vocab): the batch dim dropped before the head, so
+    # no backward of a select ever zero-fills a (t, vocab) gradient
     if ran is not None:
         ran.update(live=h.shape[1], kept=logits.shape[0], projected=sum(int(m.sum()) for m in t_masks))
     return F.cross_entropy(logits, p.targets)  # mean over |T|, as the unpruned step's
