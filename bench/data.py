@@ -172,6 +172,8 @@ def main() -> None:
     ap.add_argument("--prepare-only", action="store_true", help="generate and prepare, then stop (implies --keep)")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "data.json"))
     ap.add_argument("--read", type=float, default=250e6, help="tokens the loader-only passes read")
+    ap.add_argument("--note", default="sides interleaved, order alternating per pair",
+                    help="what the results file says about the machine (quiet, shared...)")
     ap.add_argument("--child")
     ap.add_argument("--release-every", type=int)
     args = ap.parse_args()
@@ -210,11 +212,12 @@ def main() -> None:
     ratios = [t["tokens_per_s"] / m["tokens_per_s"] for m, t in zip(runs["memory"], runs["tokens"])]
     growth = [r["growth_MiB"] for r in runs["tokens"]]
     import torch
+    from seamkit.report import atomic_write_text
     result = {
         "command": " ".join(["python", "bench/data.py", *sys.argv[1:]]),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "machine": {"platform": platform.platform(), "cores": os.cpu_count(), "processor": platform.processor(),
-                    "note": "shared machine: other helpers' niced jobs ran beside this one; sides interleaved"},
+                    "note": args.note},
         "torch_version": torch.__version__,
         "preset": "cpu (e2e arm, bytes tokenizer)", "budget_seconds": args.budget, "threads": args.threads,
         "corpus": {k: v for k, v in prep.items() if k not in ("shards", "sources")},
@@ -233,7 +236,7 @@ def main() -> None:
         "runs": runs,
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    atomic_write_text(Path(args.out), json.dumps(result, indent=2) + "\n")
     print(json.dumps({k: result[k] for k in ("tokens_over_memory_tokens_per_s", "tokens_rss_growth_MiB",
                                              "memory_rss_growth_MiB", "open_MiB", "peak_rss_MiB", "loader_passes",
                                              "targets")},

@@ -145,6 +145,8 @@ def main(argv=None) -> int:
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     ap.add_argument("--out", default="runs/bench_dist", help="directory for the reports")
     ap.add_argument("--json", help="write the results here (bench/results/dist.json)")
+    ap.add_argument("--note", default="ratios come from alternating adjacent runs",
+                    help="what the results file says about the machine (quiet, shared...)")
     ap.add_argument("--dry-run", dest="dry_run", action="store_true", help="print what would run; run nothing")
     ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="--dry-run: the device to describe")
     args = ap.parse_args(argv)
@@ -164,9 +166,7 @@ def main(argv=None) -> int:
         print(table(rows, S))
     result = {
         "command": "python " + " ".join(shlex.quote(a) for a in sys.argv),
-        "machine": {"platform": platform.platform(), "cores": os.cpu_count(),
-                    "note": "shared machine: other helpers' niced jobs may run beside; ratios come from "
-                            "alternating adjacent runs"},
+        "machine": {"platform": platform.platform(), "cores": os.cpu_count(), "note": args.note},
         "torch": torch.__version__, "git_commit": git_commit(),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "preset": args.preset, "batch": args.batch, "budget_seconds": args.budget, "threads_per_rank": args.threads,

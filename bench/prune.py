@@ -15,7 +15,15 @@ Per window and case:
   FlopCounterMode counts matmuls and attention only; the memory-bound work over rows x vocab
   (log-softmax, its backward, the zero-filled logit gradient) shrinks with the rows too, so at a
   large vocabulary the speed-up can pass the FLOP ceiling;
+- where the time goes: one profiled (untimed) step per mode, self CPU seconds in the ops the
+  FLOP counter counts (GEMMs, attention) and in all others; base over pruned for each;
 - exactness: the largest difference of loss, gradients, update and state, prune_exact vs base.
+
+Allocator conditions (`--allocator`, each in its own process): `default`, glibc as it comes,
+which returns large freed buffers to the kernel, so every step page-faults its fresh (rows x
+vocab) buffers again; `cached`, glibc told to keep freed memory (MALLOC_MMAP_THRESHOLD_ and
+friends), the strongest base: at a Qwen vocabulary the base step's page faults cost about half
+its time, and pruning saves them too.
 
 Targets (issue #10): cpu preset, completion and random:0.5, >= 1.00x on every window; Qwen
 vocabulary, dim 128, 4 blocks, random:0.5, >= 1.6x and >= 85% of the measured-FLOP ceiling;
@@ -33,7 +41,9 @@ import json
 import os
 import platform
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -63,6 +73,24 @@ def max_delta(d: dict) -> float:
     return max(d[k] for k in ("loss_delta", "gradient_max", "parameter_update_max", "optimizer_state_max"))
 
 
+GEMM_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::_scaled_dot_product_flash_attention_for_cpu",
+            "aten::_scaled_dot_product_flash_attention_for_cpu_backward")  # what FlopCounterMode counts
+
+
+def time_split(stepper, fn) -> dict:
+    """One profiled step (untimed): seconds in the ops FlopCounterMode counts (GEMMs, attention)
+    and in everything else (softmax, elementwise, fills, copies, the optimizer), self CPU time."""
+    from torch.profiler import ProfilerActivity, profile
+    stepper.reset()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        stepper.run(fn)
+    ops = prof.key_averages()
+    gemm = sum(e.self_cpu_time_total for e in ops if e.key in GEMM_OPS) / 1e6
+    return {"gemm_s": gemm, "other_s": sum(e.self_cpu_time_total for e in ops) / 1e6 - gemm,
+            "top_other": sorted(((e.key, round(e.self_cpu_time_total / 1e6, 4)) for e in ops if e.key not in GEMM_OPS),
+                                key=lambda kv: -kv[1])[:6]}
+
+
 def run_window(stepper, cfg, w, wi: int, pairs: int, exact: str, device) -> dict:
     fns = {m: check.mode_loss(m, w, exact) for m in check.MODES}
     got = {m: stepper.step(fns[m]) for m in check.MODES}  # warm-up, and the exactness of this window
@@ -74,6 +102,7 @@ def run_window(stepper, cfg, w, wi: int, pairs: int, exact: str, device) -> dict
     planned = prune.plan_flops(cfg.model, prune.plan(w))
     peak = {m: (check.timed_sample(stepper, fns[m], w.words, device)["allocated_GiB"] * check.GiB
                 if device.type == "cuda" else check.profiled_peak_bytes(stepper, fns[m])) for m in check.MODES}
+    split = {m: time_split(stepper, fns[m]) for m in check.MODES} if device.type == "cpu" else None
     samples = {m: [] for m in check.MODES}
     for k in range(pairs):
         order = check.MODES if k % 2 == 0 else check.MODES[::-1]
@@ -87,6 +116,8 @@ def run_window(stepper, cfg, w, wi: int, pairs: int, exact: str, device) -> dict
             "flops": {"base": flops["base"], "prune_exact": flops["prune_exact"], "plan_base": planned["base"],
                       "plan_pruned": planned["pruned"], "ceiling": flops["base"] / flops["prune_exact"],
                       "plan_ceiling": planned["base"] / planned["pruned"]},
+            "time_split": split, "gemm_time_ratio": split and split["base"]["gemm_s"] / split["prune_exact"]["gemm_s"],
+            "other_time_ratio": split and split["base"]["other_s"] / split["prune_exact"]["other_s"],
             "max_delta_vs_base": max_delta(delta), "bitwise_vs_base": check.differences_zero(delta)}
 
 
@@ -111,6 +142,11 @@ def run_case(name: str, windows: int, pairs: int, exact: str, device: torch.devi
         print(f"  {name} window {wi}: N={r['positions']} live={r['live']} targets={r['targets']} "
               f"speed-up {r['speedup']:.3f} (FLOP ceiling {r['flops']['ceiling']:.3f}) memory {r['memory_ratio']:.3f} "
               f"max delta vs base {r['max_delta_vs_base']:.1e}", flush=True)
+        if r["time_split"]:
+            b, q = r["time_split"]["base"], r["time_split"]["prune_exact"]
+            print(f"    profiled step: GEMMs+attention {b['gemm_s']:.3f} -> {q['gemm_s']:.3f} s "
+                  f"({r['gemm_time_ratio']:.2f}x), other ops {b['other_s']:.3f} -> {q['other_s']:.3f} s "
+                  f"({r['other_time_ratio']:.2f}x); base's largest other: {b['top_other'][:3]}", flush=True)
     speed = statistics.median(s for r in rows for s in r["speedups"])
     ceiling = statistics.median(r["flops"]["ceiling"] for r in rows)
     out = {"case": name, "preset": preset, "overrides": overrides, "exact": exact, "windows": rows,
@@ -119,6 +155,8 @@ def run_case(name: str, windows: int, pairs: int, exact: str, device: torch.devi
            "share_of_ceiling": (speed - 1) / (ceiling - 1) if ceiling > 1 else None,
            "speed_over_ceiling": speed / ceiling,
            "memory_ratio_max": max(r["memory_ratio"] for r in rows),
+           "gemm_time_ratio": rows[0]["time_split"] and statistics.median(r["gemm_time_ratio"] for r in rows),
+           "other_time_ratio": rows[0]["time_split"] and statistics.median(r["other_time_ratio"] for r in rows),
            "plan_le_measured_saving": all(r["flops"]["base"] - r["flops"]["prune_exact"] >=
                                           r["flops"]["plan_base"] - r["flops"]["plan_pruned"] for r in rows)}
     t = TARGETS.get(name, {})
@@ -133,12 +171,47 @@ def run_case(name: str, windows: int, pairs: int, exact: str, device: torch.devi
 
 def table(rows: list[dict]) -> str:
     out = ["| case | exact | windows | speed-up (median) | slowest window | FLOP ceiling (measured) | speed-up / ceiling "
-           "| memory ratio (max) | targets |", "|" + "---|" * 9]
+           "| GEMM time ratio | other-op time ratio | memory ratio (max) | targets |", "|" + "---|" * 11]
     for r in rows:
+        split = (f"{r['gemm_time_ratio']:.2f} | {r['other_time_ratio']:.2f}" if r.get("gemm_time_ratio") else "- | -")
         out.append(f"| {r['case']} | {r['exact']} | {len(r['windows'])} | {r['speedup']:.3f} | "
                    f"{r['min_window_speedup']:.3f} | {r['flop_ceiling']:.3f} | {r['speed_over_ceiling']:.2f} | "
-                   f"{r['memory_ratio_max']:.3f} | {'met' if r['targets_met'] else 'MISSED'} {r['targets'] or ''} |")
+                   f"{split} | {r['memory_ratio_max']:.3f} | {'met' if r['targets_met'] else 'MISSED'} "
+                   f"{r['targets'] or ''} |")
     return "\n".join(out)
+
+
+# glibc keeps freed memory mapped (no munmap, no page faults on the next step's fresh buffers);
+# read by glibc at process start, so a condition runs in its own process
+ALLOCATORS = {"default": {}, "cached": {"MALLOC_MMAP_THRESHOLD_": str(1 << 34), "MALLOC_TRIM_THRESHOLD_": str(1 << 34),
+                                        "MALLOC_TOP_PAD_": str(1 << 30)}}
+
+
+def run_allocators(names: list[str], argv: list[str]) -> dict:
+    """The bench once per allocator condition, each in a fresh process with its environment."""
+    out = {}
+    for name in names:
+        with tempfile.TemporaryDirectory() as d:
+            env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
+            cmd = [sys.executable, __file__, *argv, "--allocator", name, "--out", str(Path(d) / "r.json")]
+            rc = subprocess.run(cmd, env={**env, **ALLOCATORS[name]}).returncode
+            path = Path(d) / "r.json"
+            if not path.exists():
+                raise SystemExit(f"bench/prune.py --allocator {name} failed (exit {rc})")
+            out[name] = json.loads(path.read_text())
+    return out
+
+
+def strip_args(argv: list[str], drop: tuple) -> list[str]:
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a in drop:
+            skip = True
+        elif not any(a.startswith(d + "=") for d in drop):
+            out.append(a)
+    return out
 
 
 def main(argv=None) -> int:
@@ -153,7 +226,26 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default="")
     ap.add_argument("--note", default="figures are ratios of interleaved pairs",
                     help="what the results file says about the machine (quiet, shared...)")
+    ap.add_argument("--allocator", default="default,cached",
+                    help="comma-separated glibc allocator conditions (ALLOCATORS), each in its own process")
     args = ap.parse_args(argv)
+    argv = list(argv if argv is not None else sys.argv[1:])
+    names = args.allocator.split(",")
+    if len(names) > 1:
+        t0 = time.time()
+        results = run_allocators(names, strip_args(argv, ("--allocator", "--out")))
+        for name, r in results.items():
+            print(f"allocator {name} ({ALLOCATORS[name] or 'glibc defaults'}):\n{r['table']}")
+        if args.out:
+            first = results[names[0]]
+            result = {"command": "python bench/prune.py " + " ".join(argv), "date": first["date"],
+                      "machine": first["machine"], "torch_version": first["torch_version"],
+                      "seconds": round(time.time() - t0, 1), "allocators": ALLOCATORS,
+                      "targets_met": all(r["targets_met"] for r in results.values()),
+                      "table": "\n\n".join(f"allocator {n}:\n{r['table']}" for n, r in results.items()),
+                      "conditions": results}
+            atomic_write_text(Path(args.out), json.dumps(result, indent=1) + "\n")
+        return 0 if all(r["targets_met"] for r in results.values()) else 1
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     t0 = time.time()
@@ -162,7 +254,8 @@ def main(argv=None) -> int:
     print(table(rows))
     print(f"({time.time() - t0:.0f} s, torch {torch.__version__}, {torch.get_num_threads()} threads)")
     if args.out:
-        result = {"command": "python bench/prune.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        result = {"command": "python bench/prune.py " + " ".join(argv), "allocator": names[0],
+                  "allocator_env": ALLOCATORS[names[0]], "targets_met": all(r["targets_met"] for r in rows),
                   "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                   "machine": {"platform": platform.platform(), "processor": platform.processor(),
                               "cores": os.cpu_count(), "threads": torch.get_num_threads(), "device": str(device),

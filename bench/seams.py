@@ -49,6 +49,7 @@ from seamkit import train as T
 from seamkit.costs import matmul_peak
 from seamkit.data import RowLoader, load_corpus
 from seamkit.model import lm_loss, param_counts
+from seamkit.report import atomic_write_text
 from seamkit.seams import parse_seams
 
 
@@ -328,18 +329,19 @@ def main(argv=None) -> int:
     ap.add_argument("--busy-delay", type=float, default=8.0, help="order: seconds before the busy process starts")
     ap.add_argument("--busy-seconds", type=float, default=20.0, help="order: seconds the busy process runs")
     ap.add_argument("--json", help="also write the results here")
+    ap.add_argument("--note", default="'quiet' means no busy process of this bench's own",
+                    help="what the results file says about the machine (quiet, shared...)")
     args = ap.parse_args(argv)
     if args.part in ("threads", "order"):
         out = (threads_part if args.part == "threads" else order_part)(args)
         if args.json:
             Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-            Path(args.json).write_text(json.dumps({
+            atomic_write_text(Path(args.json), json.dumps({
                 "command": "python bench/seams.py " + " ".join(argv if argv is not None else sys.argv[1:]),
                 "machine": {"platform": platform.platform(), "cores": os.cpu_count(), "processor": platform.processor()},
                 "torch": torch.__version__, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
-                "conditions": "shared machine: other helpers' niced (nice 10) work may run beside this bench, which "
-                              "runs at nice 0 under the bench lock; 'quiet' means no busy process of this bench's own",
-                **out}, indent=2))
+                "conditions": args.note,
+                **out}, indent=2) + "\n")
         return 0
 
     cfg = C.override(C.preset(args.preset), {"train.budget_seconds": args.budget, "train.threads": args.threads})

@@ -208,6 +208,33 @@ def mode_loss(mode: str, window, exact: str = "arithmetic", ran: dict | None = N
     raise CheckError(f"unknown exactness {exact!r}; choose one of {prune.EXACT}")
 
 
+@contextlib.contextmanager
+def deterministic(strict: bool):
+    """torch's deterministic algorithms on, for steps whose bits are compared; restored after.
+
+    strict: an op without a deterministic kernel raises instead of warning. It matters on CUDA,
+    where the memory-efficient attention backward (SDPA with a mask) splits the keys and adds
+    with atomics unless deterministic algorithms are on without warn-only: two runs of the same
+    step then differ, and no bitwise rule test can hold.
+    """
+    before, warn = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    torch.use_deterministic_algorithms(True, warn_only=not strict)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(before, warn_only=warn)
+
+
+def strict_determinism(device: torch.device) -> bool:
+    """Whether the compared steps run with strict deterministic algorithms: on CUDA. On CPU the
+    eager kernels the kit uses are deterministic already and run as in training."""
+    return device.type == "cuda"
+
+
+def _strict_now() -> bool:
+    return torch.are_deterministic_algorithms_enabled() and not torch.is_deterministic_algorithms_warn_only_enabled()
+
+
 class Reference:
     """The unpruned step compiled with torch.compile, or the eager one where that was asked for.
 
@@ -230,17 +257,21 @@ class Reference:
     def step(self, stepper: Stepper, window) -> StepResult:
         if self.compiled is None:
             return stepper.step(lambda model: prune.base_loss(model, window))
-        before = torch.are_deterministic_algorithms_enabled()
-        torch.use_deterministic_algorithms(True, warn_only=True)  # warn, not fail, where an op has none
-        try:
-            return stepper.step(lambda model: self.compiled(model, window))
-        except Exception as e:  # compilers fail in many ways; all of them stop the study in one line
-            first = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
-            raise CheckError(f"the reference (torch.compile {self.backend} of the unpruned step) could not be built: "
-                             f"{type(e).__name__}: {first}; pass --reference eager to compare with the eager "
-                             f"step instead") from None
-        finally:
-            torch.use_deterministic_algorithms(before)
+        strict = _strict_now()  # kept strict inside a strict section (CUDA), else warn where an op has none
+        with deterministic(strict):
+            try:
+                return stepper.step(lambda model: self.compiled(model, window))
+            except Exception as e:  # compilers fail in many ways; all of them stop the study in one line
+                if strict and _no_deterministic_kernel(e):
+                    raise  # the strict section falls back to warn-only and says so
+                first = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
+                raise CheckError(f"the reference (torch.compile {self.backend} of the unpruned step) could not be "
+                                 f"built: {type(e).__name__}: {first}; pass --reference eager to compare with the "
+                                 f"eager step instead") from None
+
+
+def _no_deterministic_kernel(e: BaseException) -> bool:
+    return isinstance(e, RuntimeError) and "deterministic" in str(e)
 
 
 # ----------------------------------------------------------------------------- the rules, tested bitwise
@@ -473,6 +504,11 @@ def prune_check(cfg: RunConfig, checkpoint_path, out_path, windows: list | None 
         "dtype": cfg.prune.dtype,
         "device": str(device),
         "runtime": "eager: both modes run eagerly, the reference is compiled",
+        "determinism": ("strict: torch.use_deterministic_algorithms(True) around every compared step (CUDA's "
+                        "memory-efficient attention backward then runs without key splits); timed steps as in "
+                        "training" if strict_determinism(device) else
+                        "eager steps with the kernels of training (deterministic on CPU); the compiled reference "
+                        "with deterministic algorithms, warn-only"),
         "optimizer": ("AdamW state from the checkpoint" if ck["optimizer"] is not None else
                       "fresh AdamW state: the checkpoint has no optimizer state"),
         "optimizer_hyperparameters": {"lr": cfg.train.lr, "betas": [cfg.train.beta1, cfg.train.beta2],
@@ -522,6 +558,38 @@ def _one_window(report, wi, window, stepper, reference, control_ref, samples, wa
         p = prune.plan(window)  # for the rule tests, the pattern and the plan's FLOPs; the timed step plans again
     except prune.PruneError as e:
         raise CheckError(f"window {wi}: {e}") from None
+    results, ran = _compared_steps(report, wi, window, p, stepper, reference, control_ref, device, bar, exact)
+    if "pattern" not in report:
+        report["pattern"] = pattern(window, p, model.cfg.n_blocks, wi)
+    _timed_steps(report, wi, window, p, stepper, results, ran, samples, warmup, device, bar, exact)
+
+
+def _compared_steps(report, wi, window, p, stepper, reference, control_ref, device, bar, exact):
+    """The window's steps whose bits are compared, strict-deterministic where `strict_determinism`
+    says so. An op with no deterministic kernel there: the window runs again warn-only, and the
+    report's `determinism` names the op (its bits may then vary run to run)."""
+    if not strict_determinism(device) or not report["determinism"].startswith("strict"):
+        with deterministic(False) if strict_determinism(device) else contextlib.nullcontext():
+            return _exactness(report, wi, window, p, stepper, reference, control_ref, bar, exact)
+    marks = {k: len(report[k]) for k in ("checks", "controls", "rules")}
+    try:
+        with deterministic(True):
+            return _exactness(report, wi, window, p, stepper, reference, control_ref, bar, exact)
+    except RuntimeError as e:
+        if not _no_deterministic_kernel(e):
+            raise
+        for k, n in marks.items():  # the window's partial entries, dropped before it runs again
+            del report[k][n:]
+        first = (str(e).strip().splitlines() or ["?"])[0][:200]
+        report["determinism"] = f"warn-only (an op has no deterministic kernel: {first})"
+        print(f"prune-check: {report['determinism']}; bitwise results on this device may vary run to run",
+              file=sys.stderr)
+        with deterministic(False):
+            return _exactness(report, wi, window, p, stepper, reference, control_ref, bar, exact)
+
+
+def _exactness(report, wi, window, p, stepper, reference, control_ref, bar, exact):
+    """The reference, both modes and their controls, and the rule tests of one window."""
     bar.set_postfix_str(f"window {wi}: reference")
     ref = reference.step(stepper, window)
     bar.update(1)
@@ -546,10 +614,13 @@ def _one_window(report, wi, window, stepper, reference, control_ref, samples, wa
     bar.set_postfix_str(f"window {wi}: rules")
     rules = rule_invariance(stepper, window, p)
     report["rules"].append({"window": wi, **{k: {**v, "bitwise": differences_zero(v)} for k, v in rules.items()}})
+    return results, ran
 
-    if "pattern" not in report:
-        report["pattern"] = pattern(window, p, model.cfg.n_blocks, wi)
 
+def _timed_steps(report, wi, window, p, stepper, results, ran, samples, warmup, device, bar, exact) -> None:
+    """FLOPs counted, warm-up, memory and interleaved timed samples of both modes, as in training
+    (no deterministic algorithms)."""
+    model = stepper.model
     words = int(window.words)
     timing = {m: {"window": wi, "mode": m, "words": words, "positions": int(window.positions),
                   "documents": int(window.documents), "samples": [],

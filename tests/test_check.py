@@ -325,3 +325,47 @@ def test_checkpoint_without_optimizer_state_starts_a_fresh_adamw(tmp_path):
     assert rep["optimizer"].startswith("fresh AdamW")
     assert rep["controls"][0]["gradient_max"] > 0  # float32 arithmetic: not bitwise, and the report says so
     assert rep["bitwise"] is False and rep["within_tolerance"] is None and rep["tolerances"]["declared"] is None
+
+
+def test_strict_determinism_around_compared_steps_and_its_fallback(ckpt_path, tmp_path, monkeypatch, capsys):
+    """Where compared steps run strict (CUDA; forced here on CPU), they really run with strict
+    deterministic algorithms, the timed ones do not, and an op with no deterministic kernel makes
+    the window run again warn-only, said in the report, with no partial entries left behind."""
+    monkeypatch.setattr(check, "strict_determinism", lambda device: True)
+    seen = {"compared": [], "timed": []}
+    rule_invariance, timed_sample = check.rule_invariance, check.timed_sample
+
+    def probe_rules(stepper, window, p):
+        seen["compared"].append(check._strict_now())
+        return rule_invariance(stepper, window, p)
+
+    def probe_timed(*args):
+        seen["timed"].append(torch.are_deterministic_algorithms_enabled())
+        return timed_sample(*args)
+
+    monkeypatch.setattr(check, "rule_invariance", probe_rules)
+    monkeypatch.setattr(check, "timed_sample", probe_timed)
+    cfg = tiny_cfg(**{"prune.samples": 1})
+    ws = [WINDOWS["random"](), WINDOWS["tails"]()]
+    rep = check.prune_check(cfg, ckpt_path, tmp_path / "a.json", windows=ws, progress=False)
+    assert rep["determinism"].startswith("strict") and seen["compared"] == [True, True]
+    assert seen["timed"] and not any(seen["timed"])
+    assert all(v["bitwise"] for r in rep["rules"] for v in r.values() if isinstance(v, dict))
+    assert not torch.are_deterministic_algorithms_enabled()  # restored after the study
+
+    calls = []
+
+    def no_kernel(stepper, window, p):  # planted: an op with no deterministic kernel, once
+        calls.append(check._strict_now())
+        if len(calls) == 1:
+            raise RuntimeError("planted_op does not have a deterministic implementation, but you set "
+                               "'torch.use_deterministic_algorithms(True)'")
+        return rule_invariance(stepper, window, p)
+
+    monkeypatch.setattr(check, "rule_invariance", no_kernel)
+    rep = check.prune_check(cfg, ckpt_path, tmp_path / "b.json", windows=ws, progress=False)
+    assert rep["determinism"].startswith("warn-only") and "planted_op" in rep["determinism"]
+    assert calls == [True, False, False]  # window 0 again, then window 1, both warn-only
+    assert [(c["window"], c["mode"]) for c in rep["checks"]] == [(0, "base"), (0, "prune_exact"),
+                                                                 (1, "base"), (1, "prune_exact")]
+    assert len(rep["rules"]) == 2 and "no deterministic kernel" in capsys.readouterr().err
