@@ -55,6 +55,7 @@ from .model import GPT, resolve_device
 from .report import provenance, write_report
 from .memory import peak_rss_bytes, reset_peak_memory
 from .optim import make_optimizer
+from .threads import resolve_threads
 
 MODES = ("base", "prune_exact")
 TOLERANCE = {"float32": 0.0, "float64": 1e-12}  # float32: bitwise is the claim; float64: the bound
@@ -461,8 +462,9 @@ def prune_check(cfg: RunConfig, checkpoint_path, out_path, windows: list | None 
     if saved.model.dropout > 0:
         raise CheckError(f"checkpoint {checkpoint_path}: model.dropout={saved.model.dropout}; exact pruning "
                          f"needs dropout 0 (a dropout mask over fewer positions differs)")
-    if cfg.train.threads > 0:
-        torch.set_num_threads(cfg.train.threads)
+    threads = resolve_threads(cfg.train.threads)
+    torch.set_num_threads(threads)
+    run_cfg = dataclasses.replace(run_cfg, train=dataclasses.replace(run_cfg.train, threads=threads))
     device = resolve_device(cfg.train.device)
     if device.type == "cuda":  # deterministic cuBLAS for the reference; must be set before cuBLAS starts
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")

@@ -232,7 +232,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--order", choices=C.ORDERS, help="arms take turns in slices, or run one after the other")
     p.add_argument("--lr-schedule", dest="lr_schedule", choices=C.LR_SCHEDULES,
                    help="LR schedule by budget share or by step (train.schedule)")
-    p.add_argument("--schedule", choices=C.PIPELINE_SCHEDULES, help="with --stages: the e2e pipeline schedule")
+    p.add_argument("--schedule", choices=("auto",) + C.PIPELINE_SCHEDULES,
+                   help="with --stages: the e2e pipeline schedule (auto: the fastest bench/dist.py measured)")
     p.add_argument("--micro-batches", dest="micro_batches", type=int, help="with --stages: e2e micro-batches")
     p.add_argument("--out", default="reports/seams.json", help="report path")
     p.add_argument("--resume", metavar="OUT", help="continue the study stopped with report path OUT "

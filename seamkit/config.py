@@ -88,7 +88,7 @@ class TrainConfig:
     seed: int = 0  # weights, data order and random loss masks
     device: str = "auto"  # "auto" (cuda if present), "cpu" or "cuda"
     dtype: str = "float32"  # parameter dtype on CPU; on CUDA float32 weights run under bf16 autocast
-    threads: int = 0  # torch intra-op threads; 0 leaves torch's default
+    threads: int = 0  # torch threads; 0: cores left free by other processes at start (seamkit.threads), cores/S on stages
     eval_batches: int = 8  # held-out batches for the final loss
     curve_points: int = 41  # training-loss points spread over the budget, the first at step 0
     checkpoint_every_s: float = 0.0  # also checkpoint during training every this many seconds; 0: only at the end
@@ -129,8 +129,8 @@ class SeamsConfig:
     slice_seconds: float = 2.0  # interleaved: training seconds an arm runs before the other takes its turn
     repeats: int = 1  # seeds train.seed, train.seed+1, ...; both arms share each seed (paired)
     token_marks: int = 3  # held-out loss of both arms at this many equal token counts
-    micro_batches: int = 0  # e2e pipeline micro-batches; 0: 2 per stage (or the largest divisor of batch below)
-    schedule: str = "1f1b"  # e2e schedule on real stages (torch.distributed.pipelining); provisional until bench/dist.py
+    micro_batches: int = 0  # e2e pipeline micro-batches; 0: the schedule's default (seamkit.dist.plan)
+    schedule: str = "auto"  # e2e schedule on real stages (torch.distributed.pipelining); auto: bench/dist.py's fastest
 
     def __post_init__(self):
         if self.objective not in OBJECTIVES:
@@ -141,8 +141,8 @@ class SeamsConfig:
         _positive("seams", aux_classes=self.aux_classes)
         if self.stages < 0 or self.micro_batches < 0:
             raise ConfigError("seams.stages and seams.micro_batches must be >= 0")
-        if self.schedule not in PIPELINE_SCHEDULES:
-            raise ConfigError(f"seams.schedule must be one of {PIPELINE_SCHEDULES}, got {self.schedule!r}")
+        if self.schedule not in PIPELINE_SCHEDULES + ("auto",):
+            raise ConfigError(f"seams.schedule must be auto or one of {PIPELINE_SCHEDULES}, got {self.schedule!r}")
 
 
 @dataclass

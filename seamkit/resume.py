@@ -57,6 +57,21 @@ def check_config(saved: dict, cfg: RunConfig, path) -> None:
                               f"asks for {want.get(key)!r}; resume with the run's --preset and --set")
 
 
+def started_threads(paths) -> int:
+    """The torch thread count the run being resumed started with (its config in the first of
+    `paths` that exists: a study state or a checkpoint), 0 when none says."""
+    for path in map(Path, paths):
+        if not path.exists():
+            continue
+        try:
+            saved = json.loads(path.read_text())["config"] if path.suffix == ".json" else \
+                checkpoint.read_config(path).to_dict()
+            return int(saved["train"]["threads"])
+        except (OSError, ValueError, KeyError, TypeError, SeamkitError):
+            continue
+    return 0
+
+
 def peek(path, cfg: RunConfig, arm: str) -> str:
     """The status an arm's checkpoint ended in, after checking it fits `cfg` and `arm` (tensors not read)."""
     path = Path(path)

@@ -43,6 +43,7 @@ from .data import load_corpus
 from .model import GPT, autocast, param_dtype, resolve_device
 from .report import gpu_name, provenance, write_report
 from .seams import objective_bytes, objective_ratios, parse_seams, segments, traffic_bytes, traffic_ratios
+from .threads import resolve_threads
 from .train import ARMS, ProgressBars, checkpoint_path, evaluate_model, fanout, held_out, run_arm
 
 OBJECTIVE_NAMES = {"aux_head": "greedy per-segment next-token head over the K most frequent tokens (DGL-style)",
@@ -344,8 +345,11 @@ def seams_study(cfg: RunConfig, out_path, callback: Callable[[dict], None] | Non
                 if checkpoint_path(out_path, arm, k).exists():
                     R.peek(checkpoint_path(out_path, arm, k), override(cfg, {"train.seed": cfg.train.seed + k}), arm)
     corpus = load_corpus(cfg.data)  # fills the cache once, and data errors surface here
-    if cfg.train.threads > 0:
-        torch.set_num_threads(cfg.train.threads)
+    if cfg.train.threads == 0:  # chosen once, so both arms (and every repeat) get the same count
+        started = R.started_threads([R.study_state_path(out_path)] + sorted(
+            R.study_state_path(out_path).parent.glob(f"{out_path.stem}_*.pt"))) if resume else 0
+        cfg = override(cfg, {"train.threads": started or resolve_threads(0)})
+    torch.set_num_threads(cfg.train.threads)
     costs = arm_costs(cfg, corpus)
     peak = matmul_peak(resolve_device(cfg.train.device))
     bars = ProgressBars() if progress else None

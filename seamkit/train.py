@@ -68,13 +68,14 @@ import torch
 import torch.nn as nn
 
 from . import checkpoint
-from .config import ConfigError, RunConfig, TrainConfig
+from .config import ConfigError, RunConfig, TrainConfig, override
 from .data import RowLoader, epochs, eval_batches, load_corpus, repeat_warning
 from .memory import Baseline, _proc_status_bytes, peak_rss_bytes, reset_peak_memory  # noqa: F401 -- re-exported
 from .model import GPT, autocast, lm_loss, param_dtype, resolve_device
 from .optim import lr_at, lr_at_progress, make_optimizer, schedule_progress, scheduled_lr  # noqa: F401 -- re-exported
 from .report import provenance, write_json
 from .seams import class_map, make_aux_heads, parse_seams, segment_losses, segment_params, segments
+from .threads import resolve_threads
 
 ARMS = ("e2e", "local")
 PROGRESS_EVERY_S = 0.25  # progress events at most this often (training time)
@@ -481,6 +482,9 @@ def train_run(cfg: RunConfig, out_dir, callback: Callable[[dict], None] | None =
         if status in R.ENDED:
             raise R.ResumeError(f"nothing to resume in {out_dir}: its run ended {status}")
         ckpt = R.load_arm(path, cfg, "e2e")
+    if cfg.train.threads == 0:  # chosen once; a resumed run keeps the count it started with
+        started = ckpt["run_config"].train.threads if ckpt is not None else 0
+        cfg = override(cfg, {"train.threads": started or resolve_threads(0)})
     cb = fanout(callback, ProgressBars() if progress else None)
     with R.sigint_stops() as stop:
         r = run_arm("e2e", cfg, callback=cb, checkpoint_path=out_dir / "checkpoint.pt", stop=stop, resume_from=ckpt)

@@ -259,8 +259,10 @@ def test_local_matches_single_process(run, request):
 def test_plan_rules():
     cfg = C.tiny()
     assert D.make_plan(cfg, 2).seams == [1] and D.make_plan(cfg, 4).segs == [[0], [1], [2], [3]]
-    assert D.make_plan(cfg, 2).micro_batches == 4  # 2 per stage
+    assert D.make_plan(cfg, 2).micro_batches == 4  # auto at 2 stages: dualpipev, 2 per stage
     assert D.make_plan(cfg, 3).micro_batches == 4  # batch 4: the largest divisor <= 6
+    one = C.override(cfg, {"seams.schedule": "1f1b"})
+    assert D.make_plan(one, 2).micro_batches == 4 and D.make_plan(one, 4).micro_batches == 4  # 2 per stage, <= batch
     assert D.make_plan(C.override(cfg, {"seams.seams": "0,1"}), 3).seams == [0, 1]  # S-1 seams named: kept
     zbv = D.make_plan(C.override(cfg, {"seams.schedule": "zbv"}), 2)
     assert zbv.owner == [0, 1, 1, 0] and zbv.crossings() == [0, 2] and zbv.e2e_segs == [[0], [1], [2], [3]]
@@ -276,8 +278,22 @@ def test_plan_rules():
         D.make_plan(C.override(cfg, {"seams.schedule": "1f1b", "seams.micro_batches": 1}), 2)
     with pytest.raises(C.ConfigError, match="dualpipev needs micro_batches >= 2 x stages"):
         D.make_plan(C.override(cfg, {"seams.schedule": "dualpipev", "seams.micro_batches": 2}), 2)
-    with pytest.raises(C.ConfigError, match="seams.schedule must be one of"):
+    with pytest.raises(C.ConfigError, match="seams.schedule must be auto or one of"):
         C.override(cfg, {"seams.schedule": "pipedream"})
+
+
+def test_auto_schedule_is_the_fastest_the_bench_measured():
+    """seams.schedule=auto takes bench/results/dist.json's fastest e2e configuration at each
+    stage count it measured, and falls back to 1f1b where that one cannot run."""
+    measured = json.loads((ROOT / "bench" / "results" / "dist.json").read_text())["comparison"]
+    cpu = C.override(C.cpu(), {"data.batch": 16})  # the bench's batch
+    assert {c["stages"] for c in measured} == set(D.plan.FASTEST_ON_CPU)
+    for c in measured:
+        plan = D.make_plan(cpu, c["stages"])
+        assert (plan.schedule, plan.micro_batches) == (c["e2e_schedule"], c["e2e_micro_batches"]), c["comparison"]
+    tiny = C.override(C.tiny(), {"model.n_blocks": 3})  # dualpipev needs 4 segments at 2 stages
+    assert D.make_plan(tiny, 2).schedule == "1f1b"
+    assert D.make_plan(C.cpu(), 1).schedule == "1f1b" and D.make_plan(C.cpu(), 3).schedule == "1f1b"
 
 
 def test_cli_flags_reach_the_config():

@@ -396,7 +396,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--threads", type=int, help="torch threads per rank (train.threads)")
     ap.add_argument("--seed", type=int, help="train.seed")
     ap.add_argument("--stages", type=int, help="without torchrun: launch this many stages")
-    ap.add_argument("--schedule", choices=C.PIPELINE_SCHEDULES, help="e2e pipeline schedule (seams.schedule)")
+    ap.add_argument("--schedule", choices=("auto",) + C.PIPELINE_SCHEDULES,
+                    help="e2e pipeline schedule (seams.schedule; auto: the fastest bench/dist.py measured)")
     ap.add_argument("--micro-batches", dest="micro_batches", type=int, help="e2e micro-batches (seams.micro_batches)")
     ap.add_argument("--arm", choices=("both", *ARMS), default="both", help="under torchrun: the arm(s) to run")
     ap.add_argument("--queue", type=int, default=2, help="local: steps of sends a stage may have in flight")

@@ -75,10 +75,39 @@ def stage_seams(cfg: RunConfig, stages: int) -> list[int]:
     return seams if len(seams) == stages - 1 else parse_seams(str(stages - 1), n)
 
 
-def default_micro_batches(schedule: str, stages: int, batch: int) -> int:
-    """seams.micro_batches=0: 2S, or the largest divisor of the batch below that. Provisional:
-    bench/dist.py has not yet run under the bench lock; its fastest CPU M should replace this."""
-    return max(d for d in range(1, min(2 * stages, batch) + 1) if batch % d == 0)
+# seams.schedule=auto: the fastest e2e configuration bench/dist.py measured on CPU (bench/results/dist.json,
+# cpu preset, one thread a rank): stages -> (schedule, micro-batches per stage). Other stage counts take
+# the nearest measured one; a model with too few blocks for two segments a rank takes 1f1b.
+FASTEST_ON_CPU = {2: ("dualpipev", 2), 4: ("1f1b", 1)}
+PER_STAGE = 2  # micro-batches per stage of a schedule named explicitly
+
+
+def resolve_schedule(schedule: str, stages: int, n_blocks: int, batch: int) -> tuple[str, int]:
+    """The schedule a run uses and its default micro-batches per stage. auto: FASTEST_ON_CPU at the
+    nearest measured stage count (ties: the larger), else 1f1b where that one cannot run here."""
+    if schedule != "auto":
+        return schedule, PER_STAGE
+    name, per_stage = FASTEST_ON_CPU[min(FASTEST_ON_CPU, key=lambda s: (abs(s - stages), -s))]
+    try:
+        if stages < 2 or len(placement(name, stages)) > n_blocks:
+            raise ConfigError("no room")
+        check_schedule(name, stages, default_micro_batches(name, stages, batch, per_stage))
+    except ConfigError:
+        return "1f1b", PER_STAGE
+    return name, per_stage
+
+
+def default_micro_batches(schedule: str, stages: int, batch: int, per_stage: int = 2) -> int:
+    """seams.micro_batches=0: per_stage x S, or the largest divisor of the batch below that which
+    the schedule accepts (else the largest divisor below)."""
+    divisors = [d for d in range(1, min(per_stage * stages, batch) + 1) if batch % d == 0]
+    for d in reversed(divisors):
+        try:
+            check_schedule(schedule, stages, d)
+            return d
+        except ConfigError:
+            continue
+    return divisors[-1]
 
 
 def check_schedule(schedule: str, S: int, M: int) -> None:
@@ -98,12 +127,12 @@ def make_plan(cfg: RunConfig, stages: int, queue: int = 2, wire_dtype: str | Non
     """Validate a pipeline run before any process starts; errors a user can act on."""
     n, batch = cfg.model.n_blocks, cfg.data.batch
     seams = stage_seams(cfg, stages)
-    schedule = cfg.seams.schedule
+    schedule, per_stage = resolve_schedule(cfg.seams.schedule, stages, n, batch)
     owner = placement(schedule, stages)
     if len(owner) > n:
         raise ConfigError(f"schedule {schedule} puts {len(owner) // stages} segments on each of {stages} ranks: "
                           f"{len(owner)} segments, but the model has {n} blocks")
-    m = cfg.seams.micro_batches or default_micro_batches(schedule, stages, batch)
+    m = cfg.seams.micro_batches or default_micro_batches(schedule, stages, batch, per_stage)
     if batch % m:
         raise ConfigError(f"seams.micro_batches={m} does not divide data.batch={batch}")
     if stages > 1:
