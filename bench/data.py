@@ -31,6 +31,7 @@ import datetime
 import json
 import os
 import platform
+import shlex
 import re
 import resource
 import shutil
@@ -214,7 +215,7 @@ def main() -> None:
     import torch
     from seamkit.report import atomic_write_text
     result = {
-        "command": " ".join(["python", "bench/data.py", *sys.argv[1:]]),
+        "command": shlex.join(["python", "bench/data.py", *sys.argv[1:]]),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "machine": {"platform": platform.platform(), "cores": os.cpu_count(), "processor": platform.processor(),
                     "note": args.note},

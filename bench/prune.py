@@ -40,6 +40,7 @@ import datetime
 import json
 import os
 import platform
+import shlex
 import statistics
 import subprocess
 import sys
@@ -239,7 +240,7 @@ def main(argv=None) -> int:
             print(f"allocator {name} ({ALLOCATORS[name] or 'glibc defaults'}):\n{r['table']}")
         if args.out:
             first = results[names[0]]
-            result = {"command": "python bench/prune.py " + " ".join(argv), "date": first["date"],
+            result = {"command": shlex.join(["python", "bench/prune.py", *argv]), "date": first["date"],
                       "machine": first["machine"], "torch_version": first["torch_version"],
                       "seconds": round(time.time() - t0, 1), "allocators": ALLOCATORS,
                       "targets_met": all(r["targets_met"] for r in results.values()),
@@ -255,7 +256,7 @@ def main(argv=None) -> int:
     print(table(rows))
     print(f"({time.time() - t0:.0f} s, torch {torch.__version__}, {torch.get_num_threads()} threads)")
     if args.out:
-        result = {"command": "python bench/prune.py " + " ".join(argv), "allocator": names[0],
+        result = {"command": shlex.join(["python", "bench/prune.py", *argv]), "allocator": names[0],
                   "allocator_env": ALLOCATORS[names[0]], "targets_met": all(r["targets_met"] for r in rows),
                   "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                   "machine": {"platform": platform.platform(), "processor": platform.processor(),

@@ -31,6 +31,7 @@ import datetime
 import json
 import os
 import platform
+import shlex
 import random
 import statistics
 import subprocess
@@ -354,7 +355,7 @@ def main(argv=None) -> int:
         if args.json:
             Path(args.json).parent.mkdir(parents=True, exist_ok=True)
             atomic_write_text(Path(args.json), json.dumps({
-                "command": "python bench/seams.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+                "command": shlex.join(["python", "bench/seams.py", *(argv if argv is not None else sys.argv[1:])]),
                 "machine": {"platform": platform.platform(), "cores": os.cpu_count(), "processor": platform.processor()},
                 "torch": torch.__version__, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
                 "conditions": args.note,

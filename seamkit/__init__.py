@@ -4,12 +4,13 @@ import os as _os
 import sys as _sys
 
 # OpenMP threads that spin while they wait take the core a busy neighbour needs: beside one
-# CPU-bound process, 2 spinning threads kept 0.15x of their quiet tokens/s, 2 passive ones 0.99x,
-# but passive waiting cost about 40% when the machine was quiet (bench/results/seams_threads.json).
-# So: passive in an interactive notebook kernel (JupyterLab and a browser share its cores; the arms
-# it spawns inherit it), OpenMP's default on the command line and in headless runs (`seamkit
-# reproduce` sets SEAMKIT_HEADLESS for its kernels). OpenMP reads this once, when torch loads;
-# every entry point imports seamkit first. A value the user set is kept.
+# CPU-bound process, 2 spinning threads kept 0.25x of their quiet tokens/s, 2 passive ones 0.83x,
+# but passive waiting cost about 35% when the machine was quiet (bench/results/seams_threads.json).
+# A run's thread count is chosen at its start from the load then (seamkit.threads); a browser
+# beside a notebook kernel wakes up later, while training runs. So: passive in an interactive
+# notebook kernel (the arms it spawns inherit it), OpenMP's default on the command line and in
+# headless runs (`seamkit reproduce` sets SEAMKIT_HEADLESS for its kernels). OpenMP reads this
+# once, when torch loads; every entry point imports seamkit first. A value the user set is kept.
 if "ipykernel" in _sys.modules and not _os.environ.get("SEAMKIT_HEADLESS"):
     _os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
