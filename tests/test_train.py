@@ -131,6 +131,27 @@ def test_weight_decay_on_matrices_only():
     assert all(p.dim() == 1 for p in no_decay["params"]) and len(no_decay["params"]) == 6 * 4 + 1  # norms, biases
 
 
+def test_adamw_is_fused_on_cpu_and_updates_like_the_reference_formula():
+    """The fused kernel on CPU (10x faster at a large vocabulary than torch's per-tensor loop),
+    and its update is AdamW's: one step from zero moments against the formula, written out."""
+    torch.manual_seed(0)
+    model = GPT(C.tiny().model)
+    tc = C.tiny().train
+    opt = T.make_optimizer(model, tc)
+    assert opt.defaults["fused"] is True
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    for p in model.parameters():
+        p.grad = torch.randn_like(p)
+    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    opt.step()
+    for n, p in model.named_parameters():
+        wd = tc.weight_decay if p.dim() >= 2 else 0.0
+        m, v = (1 - tc.beta1) * grads[n], (1 - tc.beta2) * grads[n] ** 2
+        step = m / (1 - tc.beta1) / ((v / (1 - tc.beta2)).sqrt() + 1e-8)
+        want = before[n] * (1 - tc.lr * wd) - tc.lr * step
+        torch.testing.assert_close(p.detach(), want, rtol=1e-5, atol=1e-7)
+
+
 def _model_state(path):
     return checkpoint.load(path)["model"]
 
