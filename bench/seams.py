@@ -8,6 +8,9 @@ threads  Quiet against busy: e2e tokens/s at the cpu preset for each thread sett
 order    The study itself (`seamkit.study`), interleaved against sequential, on a quiet machine and
          with a CPU-bound process running for part of the run: the local/e2e tokens/s ratio of
          each, and what interleaving costs in tokens/s.
+switch   What taking turns costs, without the noise of separate processes: both arms in one pair
+         of processes, phases of long slices (sequential-like) and of the study's short slices
+         alternating; each arm's tokens/s in short-slice phases over the long ones around them.
 arms     (the earlier benchmark, below) MFU of e2e, then local/e2e throughput and memory:
 
 1. This machine's matmul FLOP/s (a square float32 matmul) and the e2e arm's achieved model
@@ -21,6 +24,7 @@ arms     (the earlier benchmark, below) MFU of e2e, then local/e2e throughput an
 
     python bench/seams.py --part threads --json bench/results/seams_threads.json
     python bench/seams.py --part order --budget 20 --json bench/results/seams_order.json
+    python bench/seams.py --part switch --rounds-switch 3 --json bench/results/seams_switch.json
     python bench/seams.py --part arms --preset cpu --budget 25
 """
 
@@ -330,9 +334,73 @@ def order_part(args) -> dict:
             "busy_seconds": args.busy_seconds}
 
 
+# ----------------------------------------------------------------------------- what switching costs
+
+def switch_worker(arm: str, mine, theirs, phases: list, threads: int, out) -> None:
+    """One arm in its own process, taking turns with the other: per phase, `total` training
+    seconds in slices of `slice` seconds (the clock stops while the other arm trains)."""
+    torch.set_num_threads(threads)
+    cfg = C.cpu()
+    corpus = load_corpus(cfg.data)
+    a = T.build_arm(arm, cfg, corpus)
+    loader = RowLoader(corpus, "train", cfg.data.batch, cfg.model.seq, 0)
+    for _ in range(3):
+        T.train_step(a, *loader.next(), 1e-3, 1.0)
+    per_step = cfg.data.batch * cfg.model.seq
+    results = []
+    for slice_s, total in phases:
+        steps, seconds = 0, 0.0
+        while seconds < total - 1e-9:
+            mine.wait()
+            mine.clear()
+            t0 = time.perf_counter()
+            while time.perf_counter() - t0 < min(slice_s, total - seconds):
+                T.train_step(a, *loader.next(), 1e-3, 1.0)
+                steps += 1
+            seconds += time.perf_counter() - t0
+            theirs.set()
+        results.append({"slice_s": slice_s, "steps": steps, "seconds": seconds, "tokens_per_s": steps * per_step / seconds})
+    out.put((arm, results))
+
+
+def switch_part(args) -> dict:
+    """Both arms in one pair of processes for the whole run, phases alternating between long
+    slices (`--long-slice`, as in sequential order) and the study's short ones (seams.slice_seconds):
+    each arm's tokens/s in short-slice phases over the long-slice phases around them. The same two
+    processes run every phase, so what differs between processes (memory placement, the thread
+    count) cancels; only what taking turns costs (caches the other arm evicted, the hand-over) remains."""
+    import multiprocessing as mp
+    short = C.cpu().seams.slice_seconds
+    phases = []
+    for _ in range(args.rounds_switch):
+        phases += [(args.long_slice, args.long_slice), (short, args.long_slice)]
+    phases.append((args.long_slice, args.long_slice))
+    ctx = mp.get_context("spawn")
+    ev = {a: ctx.Event() for a in ("e2e", "local")}
+    out = ctx.Queue()
+    threads = args.threads or torch.get_num_threads()
+    procs = [ctx.Process(target=switch_worker, args=(a, ev[a], ev[b], phases, threads, out))
+             for a, b in (("e2e", "local"), ("local", "e2e"))]
+    for pr in procs:
+        pr.start()
+    ev["e2e"].set()
+    got = dict(out.get() for _ in procs)
+    for pr in procs:
+        pr.join()
+    summary = {}
+    for arm, rs in got.items():
+        ratios = [rs[i]["tokens_per_s"] / statistics.mean([rs[i - 1]["tokens_per_s"], rs[i + 1]["tokens_per_s"]])
+                  for i in range(1, len(rs), 2)]
+        summary[arm] = {"short_over_long": ratios, "median": statistics.median(ratios),
+                        "cost": 1 - statistics.median(ratios)}
+        print(f"{arm}: tokens/s in {short:g}-s slices over {args.long_slice:g}-s slices around them: "
+              + ", ".join(f"{r:.3f}" for r in ratios) + f" (median {statistics.median(ratios):.3f})", flush=True)
+    return {"phases": phases, "threads": threads, "per_arm": got, "summary": summary}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--part", choices=("threads", "order", "arms"), default="arms")
+    ap.add_argument("--part", choices=("threads", "order", "switch", "arms"), default="arms")
     ap.add_argument("--preset", default="cpu")
     ap.add_argument("--budget", type=float, default=20.0, help="seconds per arm in the budget runs")
     ap.add_argument("--seams", default="1,3,7", help="seam counts to try")
@@ -346,12 +414,14 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds-order", type=int, default=2)
     ap.add_argument("--busy-delay", type=float, default=8.0, help="order: seconds before the busy process starts")
     ap.add_argument("--busy-seconds", type=float, default=20.0, help="order: seconds the busy process runs")
+    ap.add_argument("--rounds-switch", type=int, default=3, help="switch: short-slice phases")
+    ap.add_argument("--long-slice", type=float, default=12.0, help="switch: seconds of a long slice (and of a phase)")
     ap.add_argument("--json", help="also write the results here")
     ap.add_argument("--note", default="'quiet' means no busy process of this bench's own",
                     help="what the results file says about the machine (quiet, shared...)")
     args = ap.parse_args(argv)
-    if args.part in ("threads", "order"):
-        out = (threads_part if args.part == "threads" else order_part)(args)
+    if args.part in ("threads", "order", "switch"):
+        out = {"threads": threads_part, "order": order_part, "switch": switch_part}[args.part](args)
         if args.json:
             Path(args.json).parent.mkdir(parents=True, exist_ok=True)
             atomic_write_text(Path(args.json), json.dumps({
