@@ -9,7 +9,7 @@
 2. `seamkit data prepare` it (in its own process; wall time and peak RSS are recorded).
 3. Interleaved e2e training runs of the `cpu` preset, each in its own fresh process:
    `memory` trains from the shipped corpus loaded in memory (data.load_corpus), `tokens` from
-   the 500M-token directory (memory-mapped, seamkit.tokens). Per run: tokens/s of the budget
+   the 500M-token directory (memory-mapped, seamkit.data.tokenfiles). Per run: tokens/s of the budget
    loop; `open`: RSS after opening the corpus minus before; `growth`: peak RSS while training
    (VmHWM, reset when training starts) minus RSS after WARM_STEPS steps, i.e. what training
    adds once every step's buffers exist: pages of the corpus read so far, the loader's
@@ -31,9 +31,9 @@ import datetime
 import json
 import os
 import platform
-import shlex
 import re
 import resource
+import shlex
 import shutil
 import statistics
 import subprocess
@@ -54,10 +54,11 @@ def proc_status(key: str) -> int:
 # ----------------------------------------------------------------------------- one training run (child)
 
 def child(corpus: str, budget: float, threads: int) -> dict:
-    from seamkit import config as C
-    from seamkit.data import load_corpus
-    from seamkit.train import run_arm
     import torch
+
+    from seamkit import config as C
+    from seamkit.data.corpus import load_corpus
+    from seamkit.seams.arm import run_arm
     torch.set_num_threads(threads)
     cfg = C.override(C.cpu(), {"train.budget_seconds": budget, "train.threads": threads, "data.corpus": corpus,
                                "data.tokenizer": "bytes"})
@@ -82,10 +83,12 @@ def child(corpus: str, budget: float, threads: int) -> dict:
 def loader_pass(corpus: str, n_tokens: float, release_every: int) -> dict:
     """Read n_tokens through RowLoader alone (seed's batch 8 x seq 512), far more than a CPU run
     trains on: what reading most of the corpus does to RSS, with and without `release`."""
-    from seamkit import config as C, tokens
-    from seamkit.data import RowLoader, load_corpus
-    from seamkit.train import peak_rss_bytes, reset_peak_memory
     import torch
+
+    from seamkit import config as C
+    from seamkit.data import tokenfiles as tokens
+    from seamkit.data.corpus import RowLoader, load_corpus
+    from seamkit.memory import peak_rss_bytes, reset_peak_memory
     tokens.RELEASE_EVERY = release_every
     cfg = C.override(C.cpu(), {"data.corpus": corpus, "data.tokenizer": "bytes"})
     rss0 = proc_status("VmRSS")
@@ -104,7 +107,7 @@ def loader_pass(corpus: str, n_tokens: float, release_every: int) -> dict:
 
 
 def tokens_release_every() -> int:
-    from seamkit.tokens import RELEASE_EVERY
+    from seamkit.data.tokenfiles import RELEASE_EVERY
     return RELEASE_EVERY
 
 
@@ -120,7 +123,7 @@ def run_child(corpus: str, budget: float, threads: int, extra=()) -> dict:
 
 def generate(path: Path, target_bytes: int) -> int:
     """A .jsonl of distinct ~2 kB documents made from WordNet glosses; returns its text bytes."""
-    from seamkit.data import load_documents
+    from seamkit.data.corpus import load_documents
     glosses = load_documents("wordnet")
     groups = ["\n".join(glosses[i:i + 25]) for i in range(0, len(glosses), 25)]
     written, copy = 0, 0
@@ -213,6 +216,7 @@ def main() -> None:
     ratios = [t["tokens_per_s"] / m["tokens_per_s"] for m, t in zip(runs["memory"], runs["tokens"])]
     growth = [r["growth_MiB"] for r in runs["tokens"]]
     import torch
+
     from seamkit.report import atomic_write_text
     result = {
         "command": shlex.join(["python", "bench/data.py", *sys.argv[1:]]),

@@ -1,7 +1,7 @@
 """Benchmark: the local arm against every e2e pipeline schedule on real stages (not a test).
 
 For each stage count S (default 2 and 4) and each e2e schedule of torch.distributed.pipelining
-(seamkit.dist: gpipe, 1f1b, interleaved1f1b, interleavedzb, zbv, dualpipev) at M in {S, 2S, 4S}
+(seamkit.seams.pipeline: gpipe, 1f1b, interleaved1f1b, interleavedzb, zbv, dualpipev) at M in {S, 2S, 4S}
 micro-batches (combinations a schedule refuses are listed as skipped, with its reason), one
 e2e-only launch per configuration; local-only launches are interleaved every few
 configurations (the machine may be shared). Each row: tokens/s, the bubble each arm measures
@@ -32,9 +32,9 @@ import torch
 
 from seamkit import config as C
 from seamkit.config import ConfigError
-from seamkit.dist import launch, make_plan
-from seamkit.dist.plan import describe
 from seamkit.report import git_commit, write_json
+from seamkit.seams.pipeline import launch, make_plan
+from seamkit.seams.pipeline.plan import describe
 
 
 def configs(S: int, batch: int) -> list[tuple[str, int]]:
@@ -46,7 +46,7 @@ def run(cfg: C.RunConfig, S: int, arm: str, out: Path) -> dict:
     report = launch(cfg, out, S, progress=False, arms=(arm,))
     a = report["arms"][arm]
     m = report["measured_bytes"][arm]
-    return {"arm": arm, "stages": S, "schedule": cfg.seams.schedule if arm == "e2e" else None,
+    return {"arm": arm, "stages": S, "schedule": cfg.seams.pipeline_schedule if arm == "e2e" else None,
             "micro_batches": report["micro_batches"] if arm == "e2e" else None,
             "status": a["status"], "steps": a["steps"], "tok_s": a["tokens_per_s"],
             "bubble": round(report["bubble"][arm], 4),
@@ -61,7 +61,7 @@ def run(cfg: C.RunConfig, S: int, arm: str, out: Path) -> dict:
 def sweep(base: C.RunConfig, S: int, args, out: Path, rows: list, skipped: list) -> None:
     todo = []
     for schedule, M in configs(S, base.data.batch):
-        cfg = C.override(base, {"seams.schedule": schedule, "seams.micro_batches": M})
+        cfg = C.override(base, {"seams.pipeline_schedule": schedule, "seams.micro_batches": M})
         try:
             make_plan(cfg, S)
         except ConfigError as e:
@@ -73,7 +73,7 @@ def sweep(base: C.RunConfig, S: int, args, out: Path, rows: list, skipped: list)
         if i % args.local_every == 0:
             rows.append(run(local_cfg, S, "local", out / f"s{S}_local{i}.json"))
             print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
-        rows.append(run(cfg, S, "e2e", out / f"s{S}_{cfg.seams.schedule}_m{cfg.seams.micro_batches}.json"))
+        rows.append(run(cfg, S, "e2e", out / f"s{S}_{cfg.seams.pipeline_schedule}_m{cfg.seams.micro_batches}.json"))
         print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
     rows.append(run(local_cfg, S, "local", out / f"s{S}_local_end.json"))
     print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
@@ -81,7 +81,7 @@ def sweep(base: C.RunConfig, S: int, args, out: Path, rows: list, skipped: list)
 
 def confirm(base: C.RunConfig, S: int, best: dict, pairs: int, out: Path) -> dict:
     """local and the fastest e2e configuration in alternation; local/e2e from adjacent pairs."""
-    cfg = C.override(base, {"seams.schedule": best["schedule"], "seams.micro_batches": best["micro_batches"]})
+    cfg = C.override(base, {"seams.pipeline_schedule": best["schedule"], "seams.micro_batches": best["micro_batches"]})
     samples = []
     for k in range(pairs):
         first, second = ("local", "e2e") if k % 2 == 0 else ("e2e", "local")  # same schedule position
@@ -117,19 +117,19 @@ def dry_run(base: C.RunConfig, stages: list[int], device: str) -> int:
     """Print, without running, what each configuration would execute on `device`."""
     for S in stages:
         for schedule, M in configs(S, base.data.batch):
-            cfg = C.override(base, {"seams.schedule": schedule, "seams.micro_batches": M, "train.device": "cpu"})
+            cfg = C.override(base, {"seams.pipeline_schedule": schedule, "seams.micro_batches": M, "train.device": "cpu"})
             try:
                 plan = make_plan(cfg, S)
             except ConfigError as e:
                 print(f"# S={S} {schedule} M={M}: skipped: {e}")
                 continue
-            cmd = (f"torchrun --nproc-per-node {S} -m seamkit.dist --preset {base.preset} --schedule {schedule} "
+            cmd = (f"torchrun --nproc-per-node {S} -m seamkit.seams.pipeline --preset {base.preset} --schedule {schedule} "
                    f"--micro-batches {M} --set train.device={device} --set data.batch={base.data.batch} "
                    f"--budget {base.train.budget_seconds:g} --out runs/bench_dist/s{S}_{schedule}_m{M}.json")
             print(f"# S={S} {schedule} M={M}\n{cmd}")
             print(json.dumps(describe(cfg, plan, device)))
     if device == "cuda":
-        print("# NCCL needs one GPU per rank: S=2 needs 2 GPUs, S=4 needs 4 (seamkit.dist refuses fewer).")
+        print("# NCCL needs one GPU per rank: S=2 needs 2 GPUs, S=4 needs 4 (seamkit.seams.pipeline refuses fewer).")
     return 0
 
 

@@ -48,7 +48,8 @@ echo "== 1. seams study (e2e, then local)"
 "$PY" - "$OUT/seams.json" "$DEVICE" <<'EOF'
 import json, sys, time
 import torch
-from seamkit import config as C, model as M
+from seamkit import config as C
+from seamkit import model as M
 
 report, device = json.load(open(sys.argv[1])), torch.device(sys.argv[2])
 cfg = C.from_dict(report["run_config"])

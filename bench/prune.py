@@ -52,9 +52,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from seamkit import check, prune  # noqa: E402
 from seamkit import config as C  # noqa: E402
 from seamkit.model import GPT  # noqa: E402
+from seamkit.pruning import rules as prune  # noqa: E402
+from seamkit.pruning import study as check
 from seamkit.report import atomic_write_text  # noqa: E402
 
 BIG = {"data.tokenizer": "qwen", "model.vocab": 151936, "model.n_blocks": 4}

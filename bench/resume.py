@@ -34,9 +34,10 @@ OVERRIDES = {"train.max_steps": STEPS, "train.budget_seconds": 0.0}
 
 CHILD = r"""
 import json, sys, time
-from seamkit import config as C, resume as R
-from seamkit.study import seams_study
-from seamkit.train import train_run
+from seamkit import config as C
+from seamkit import resume as R
+from seamkit.seams.study import seams_study
+from seamkit.seams.run import train_run
 kind, out, resume = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
 cfg = C.override(C.preset("cpu"), json.loads(sys.argv[4]))
 t = {}
@@ -67,8 +68,8 @@ def child(kind: str, out: Path, resume: bool, overrides: dict) -> dict:
 def interrupted_run(kind: str, where: Path) -> Path:
     """One run stopped at step STOP_AT (a callback acting as Ctrl-C); returns its output path."""
     from seamkit import config as C
-    from seamkit.study import seams_study
-    from seamkit.train import train_run
+    from seamkit.seams.run import train_run
+    from seamkit.seams.study import seams_study
     cfg = C.override(C.preset("cpu"), {**OVERRIDES, "seams.repeats": 1, "seams.order": "sequential"})
 
     stopped = []

@@ -35,8 +35,8 @@ import datetime
 import json
 import os
 import platform
-import shlex
 import random
+import shlex
 import statistics
 import subprocess
 import sys
@@ -47,19 +47,19 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from seamkit import arms as A
 from seamkit import config as C
-from seamkit import study as S
-from seamkit import train as T
-from seamkit.costs import matmul_peak
-from seamkit.data import RowLoader, load_corpus
+from seamkit import optim as OPT
+from seamkit.data.corpus import RowLoader, load_corpus
 from seamkit.model import lm_loss, param_counts
 from seamkit.report import atomic_write_text
-from seamkit.seams import parse_seams
+from seamkit.seams import arm as T
+from seamkit.seams import processes as A
+from seamkit.seams import study as S
+from seamkit.seams.costs import matmul_peak
 
 
 def matmul_flops(seconds: float = 2.0) -> float:
-    """Best FLOP/s of a square float32 matmul (seamkit.costs.matmul_peak, the study's own probe)."""
+    """Best FLOP/s of a square float32 matmul (seamkit.seams.costs.matmul_peak, the study's own probe)."""
     return matmul_peak(torch.device("cpu"), seconds)["flops_per_s"]
 
 
@@ -178,7 +178,7 @@ def interleaved_step_seconds(cfgs: dict, corpus, rounds: int = 12, warmup: int =
             c = cfgs[name][1]
             t = time.perf_counter()
             x, y = loaders[name].next()
-            T.train_step(arms[name], x, y, T.lr_at(r, c.train), c.train.grad_clip)
+            T.train_step(arms[name], x, y, OPT.lr_at(r, c.train), c.train.grad_clip)
             if r >= warmup:
                 times[name].append(time.perf_counter() - t)
     return {name: statistics.median(v) for name, v in times.items()}
@@ -198,8 +198,10 @@ def _table(rows: list[tuple]) -> str:
 
 STEP_PROBE = """
 import sys, time, torch
-from seamkit import config as C, train as T
-from seamkit.data import RowLoader, load_corpus
+from seamkit import config as C
+from seamkit import optim as OPT
+from seamkit.seams import arm as T
+from seamkit.data.corpus import RowLoader, load_corpus
 threads, steps = int(sys.argv[1]), int(sys.argv[2])
 if threads < 0:  # seamkit's default: chosen at start from the other processes' load
     from seamkit.threads import resolve_threads

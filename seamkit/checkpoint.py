@@ -25,8 +25,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .config import ConfigError, RunConfig, SeamkitError, from_dict, override
-from .report import atomic_file
+from seamkit.config import ConfigError, RunConfig, SeamkitError, from_dict, override
+from seamkit.report import atomic_file
 
 FORMAT = 2  # 2: plain data only, loaded with weights_only=True (1 pickled numpy arrays)
 

@@ -15,7 +15,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from . import config as C
+from seamkit import config as C
 
 
 def _common(p: argparse.ArgumentParser, preset: str = "cpu") -> None:
@@ -31,10 +31,10 @@ def build_config(args) -> C.RunConfig:
     ov = C.parse_overrides(args.overrides)
     for flag, key in (("seed", "train.seed"), ("threads", "train.threads"), ("budget", "train.budget_seconds"),
                       ("max_steps", "train.max_steps"), ("objective", "seams.objective"), ("seams", "seams.seams"),
-                      ("stages", "seams.stages"), ("schedule", "seams.schedule"),
+                      ("stages", "seams.stages"), ("schedule", "seams.pipeline_schedule"),
                       ("micro_batches", "seams.micro_batches"), ("windows", "prune.windows"), ("samples", "prune.samples"),
                       ("policy", "prune.policy"), ("dtype", "prune.dtype"), ("repeats", "seams.repeats"),
-                      ("order", "seams.order"), ("lr_schedule", "train.schedule"), ("exact", "prune.exact"),
+                      ("order", "seams.order"), ("lr_schedule", "train.lr_schedule"), ("exact", "prune.exact"),
                       ("reference", "prune.reference")):
         value = getattr(args, flag, None)
         if value is not None:
@@ -71,8 +71,8 @@ def check_writable(path, directory: bool = False) -> None:
 
 
 def cmd_info(args) -> int:
-    from .model import param_counts
-    from .seams import parse_seams, traffic_bytes, traffic_ratios
+    from seamkit.model import param_counts
+    from seamkit.seams.cuts import parse_seams, traffic_bytes, traffic_ratios
     cfg = build_config(args)
     seams = parse_seams(cfg.seams.seams, cfg.model.n_blocks)
     b = traffic_bytes(cfg.model, cfg.data.batch, len(seams))
@@ -95,7 +95,7 @@ def cmd_info(args) -> int:
 
 
 def cmd_train(args) -> int:
-    from .train import train_run
+    from seamkit.seams.run import train_run
     cfg = build_config(args)
     out = args.resume or args.out
     check_writable(out, directory=True)
@@ -111,18 +111,19 @@ def _exit_code(status) -> int:
 
 
 def cmd_seams(args) -> int:
-    from .study import seams_study, summary_table
-    from .train import checkpoint_path
+    from seamkit.seams.arm import checkpoint_path
+    from seamkit.seams.report import summary_table
+    from seamkit.seams.study import seams_study
     cfg = build_config(args)
     if args.resume:
         args.out = args.resume
     check_writable(args.out)
     check_writable(checkpoint_path(args.out, "e2e"))
     extra = None
-    if cfg.seams.stages > 0:  # real pipeline stages, one process per segment (seamkit.dist)
+    if cfg.seams.stages > 0:  # real pipeline stages, one process per segment (seamkit.seams.pipeline)
         if args.resume:
             raise C.ConfigError("--resume is for the one-device study (seams.stages=0)")
-        from .dist import launch, summary
+        from seamkit.seams.pipeline import launch, summary
         report = launch(cfg, Path(args.out))
         extra = summary(report)
     else:
@@ -135,8 +136,8 @@ def cmd_seams(args) -> int:
 
 
 def cmd_prune_check(args) -> int:
-    from .check import prune_check, summary_table
-    from .checkpoint import check_overrides
+    from seamkit.checkpoint import check_overrides
+    from seamkit.pruning.study import prune_check, summary_table
     cfg = build_config(args)
     check_overrides(args.checkpoint, C.parse_overrides(args.overrides))
     check_writable(args.out)
@@ -147,7 +148,7 @@ def cmd_prune_check(args) -> int:
 
 
 def cmd_reproduce(args) -> int:
-    from .reproduce import reproduce
+    from seamkit.reproduce import reproduce
     check_writable(args.out, directory=True)
     summary = reproduce(preset=args.preset, out_dir=Path(args.out), overrides=C.parse_overrides(args.overrides))
     print(summary)
@@ -155,7 +156,7 @@ def cmd_reproduce(args) -> int:
 
 
 def cmd_data_prepare(args) -> int:
-    from .tokens import prepare
+    from seamkit.data.tokenfiles import prepare
     check_writable(args.out, directory=True)
     meta = prepare(args.corpus, args.tokenizer, args.out, workers=args.workers, shard_tokens=args.shard_tokens,
                    text_column=args.text_column)
@@ -168,8 +169,8 @@ def cmd_data_prepare(args) -> int:
 
 
 def cmd_sweep(args) -> int:
-    from . import sweep as S
-    from .sweep_plots import failures, sweep_table
+    from seamkit.sweep import run as S
+    from seamkit.sweep.plots import failures, sweep_table
     if args.collect:
         if args.study or args.grid or args.emit_jobs:
             raise S.SweepError("--collect DIR takes no study, --grid or --emit-jobs")
@@ -215,7 +216,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--budget", type=float, help="seconds of training (train.budget_seconds)")
     p.add_argument("--max-steps", dest="max_steps", type=int, help="train.max_steps")
     p.add_argument("--lr-schedule", dest="lr_schedule", choices=C.LR_SCHEDULES,
-                   help="LR schedule by budget share or by step (train.schedule)")
+                   help="LR schedule by budget share or by step (train.lr_schedule)")
     p.add_argument("--out", default="runs/train", help="output directory")
     p.add_argument("--resume", metavar="OUT", help="continue the run stopped in output directory OUT "
                    "(same --preset and --set as that run)")
@@ -231,8 +232,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=int, help="seeds to repeat the study for, paired (seams.repeats)")
     p.add_argument("--order", choices=C.ORDERS, help="arms take turns in slices, or run one after the other")
     p.add_argument("--lr-schedule", dest="lr_schedule", choices=C.LR_SCHEDULES,
-                   help="LR schedule by budget share or by step (train.schedule)")
-    p.add_argument("--schedule", choices=("auto",) + C.PIPELINE_SCHEDULES,
+                   help="LR schedule by budget share or by step (train.lr_schedule)")
+    p.add_argument("--pipeline-schedule", "--schedule", dest="schedule", choices=("auto",) + C.PIPELINE_SCHEDULES,
                    help="with --stages: the e2e pipeline schedule (auto: the fastest bench/dist.py measured)")
     p.add_argument("--micro-batches", dest="micro_batches", type=int, help="with --stages: e2e micro-batches")
     p.add_argument("--out", default="reports/seams.json", help="report path")

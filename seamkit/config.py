@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 TOKENIZERS = ("qwen", "bytes")
 OBJECTIVES = ("aux_head", "detached_head", "shared_head")
-PIPELINE_SCHEDULES = ("gpipe", "1f1b", "interleaved1f1b", "interleavedzb", "zbv", "dualpipev")  # seamkit.dist e2e
+PIPELINE_SCHEDULES = ("gpipe", "1f1b", "interleaved1f1b", "interleavedzb", "zbv", "dualpipev")  # seamkit.seams.pipeline e2e
 DTYPES = ("float32", "float64", "bfloat16")
 PRUNE_MODES = ("base", "prune_exact")
 LR_SCHEDULES = ("budget", "steps")
@@ -92,7 +92,7 @@ class TrainConfig:
     eval_batches: int = 8  # held-out batches for the final loss
     curve_points: int = 41  # training-loss points spread over the budget, the first at step 0
     checkpoint_every_s: float = 0.0  # also checkpoint during training every this many seconds; 0: only at the end
-    schedule: str = "budget"  # "budget": warm-up and cosine follow the share of the budget spent; "steps": by step
+    lr_schedule: str = "budget"  # "budget": warm-up and cosine follow the share of the budget spent; "steps": by step
     warmup_frac: float = 0.02  # budget schedule: warm-up share of the run (from the floor to the peak)
     eval_tokens: int = 0  # held-out tokens for each evaluation (whole batches; the val split if smaller); 0: eval_batches
     compile: bool = False  # torch.compile each block for training (seamkit.accel); meant for CUDA
@@ -111,8 +111,8 @@ class TrainConfig:
             raise ConfigError(f"train.dtype must be one of {DTYPES}, got {self.dtype!r}")
         if self.warmup_steps < 0 or self.decay_steps < 0:
             raise ConfigError("train.warmup_steps and train.decay_steps must be >= 0")
-        if self.schedule not in LR_SCHEDULES:
-            raise ConfigError(f"train.schedule must be one of {LR_SCHEDULES}, got {self.schedule!r}")
+        if self.lr_schedule not in LR_SCHEDULES:
+            raise ConfigError(f"train.lr_schedule must be one of {LR_SCHEDULES}, got {self.lr_schedule!r}")
         if not 0.0 <= self.warmup_frac < 1.0:
             raise ConfigError(f"train.warmup_frac must be in [0, 1), got {self.warmup_frac}")
         if self.eval_tokens < 0:
@@ -124,13 +124,13 @@ class SeamsConfig:
     seams: str = "all"  # "all" (after every block but the last), a count "3", or block indices "1,3,5"
     objective: str = "aux_head"  # local objective: aux_head, detached_head or shared_head
     aux_classes: int = 8192  # aux_head: K most frequent training tokens (+1 "other"), capped at vocab
-    stages: int = 0  # >0: run as real pipeline stages on torch.distributed (issue: seamkit.dist)
+    stages: int = 0  # >0: run as real pipeline stages on torch.distributed (issue: seamkit.seams.pipeline)
     order: str = "interleaved"  # "interleaved": the arms take turns in slices; "sequential": e2e, then local
     slice_seconds: float = 2.0  # interleaved: training seconds an arm runs before the other takes its turn
     repeats: int = 1  # seeds train.seed, train.seed+1, ...; both arms share each seed (paired)
     token_marks: int = 3  # held-out loss of both arms at this many equal token counts
-    micro_batches: int = 0  # e2e pipeline micro-batches; 0: the schedule's default (seamkit.dist.plan)
-    schedule: str = "auto"  # e2e schedule on real stages (torch.distributed.pipelining); auto: bench/dist.py's fastest
+    micro_batches: int = 0  # e2e pipeline micro-batches; 0: the schedule's default (seamkit.seams.pipeline.plan)
+    pipeline_schedule: str = "auto"  # e2e schedule on real stages (torch.distributed.pipelining); auto: bench/dist.py's fastest
 
     def __post_init__(self):
         if self.objective not in OBJECTIVES:
@@ -141,8 +141,8 @@ class SeamsConfig:
         _positive("seams", aux_classes=self.aux_classes)
         if self.stages < 0 or self.micro_batches < 0:
             raise ConfigError("seams.stages and seams.micro_batches must be >= 0")
-        if self.schedule not in PIPELINE_SCHEDULES + ("auto",):
-            raise ConfigError(f"seams.schedule must be auto or one of {PIPELINE_SCHEDULES}, got {self.schedule!r}")
+        if self.pipeline_schedule not in PIPELINE_SCHEDULES + ("auto",):
+            raise ConfigError(f"seams.pipeline_schedule must be auto or one of {PIPELINE_SCHEDULES}, got {self.pipeline_schedule!r}")
 
 
 @dataclass

@@ -22,7 +22,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .config import ModelConfig
+from seamkit.config import ModelConfig
 
 IGNORE = -100  # target id that is not scored
 
@@ -183,7 +183,7 @@ def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name == "cuda" and not torch.cuda.is_available():
-        from .config import ConfigError
+        from seamkit.config import ConfigError
         raise ConfigError("train.device=cuda but no CUDA device is available")
     return torch.device(name)
 

@@ -1,6 +1,6 @@
 """What both studies share about optimization: AdamW's parameter groups and the LR schedule.
 
-Two schedules (`train.schedule`), both linear warm-up then cosine decay to `min_lr_frac * lr`:
+Two schedules (`train.lr_schedule`), both linear warm-up then cosine decay to `min_lr_frac * lr`:
 
 - "steps": warm-up over `warmup_steps`, cosine over the next `decay_steps` (the same steps for
   every arm, so an arm that steps faster is further down its schedule when its budget ends).
@@ -21,8 +21,7 @@ import math
 import torch
 import torch.nn as nn
 
-from .config import TrainConfig
-
+from seamkit.config import TrainConfig
 
 FUSED_DEVICES = ("cpu", "cuda")  # where torch's fused AdamW kernel runs
 
@@ -74,7 +73,7 @@ def schedule_progress(step: int, elapsed_s: float, tc: TrainConfig) -> float:
 
 
 def scheduled_lr(step: int, elapsed_s: float, tc: TrainConfig) -> float:
-    """The LR of `step`, which starts `elapsed_s` training seconds into the run, under `tc.schedule`."""
-    if tc.schedule == "steps":
+    """The LR of `step`, which starts `elapsed_s` training seconds into the run, under `tc.lr_schedule`."""
+    if tc.lr_schedule == "steps":
         return lr_at(step, tc)
     return lr_at_progress(schedule_progress(step, elapsed_s, tc), tc)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from .config import SeamkitError
+from seamkit.config import SeamkitError
 
 SCHEMA_VERSION = 1
 NUM = (int, float)
@@ -209,7 +209,7 @@ def machine() -> dict:
 
 
 def provenance(cfg=None) -> dict:
-    from . import __version__
+    from seamkit import __version__
     out = {"schema_version": SCHEMA_VERSION, "seamkit_version": __version__, "torch_version": torch.__version__,
            "git_commit": git_commit(), "machine": machine()}
     if cfg is not None:

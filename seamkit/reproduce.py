@@ -18,8 +18,9 @@ import sys
 import time
 from pathlib import Path
 
-from .config import SeamkitError, override, preset as make_preset
-from .report import atomic_write_text, load_report
+from seamkit.config import SeamkitError, override
+from seamkit.config import preset as make_preset
+from seamkit.report import atomic_write_text, load_report
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 SEAMS_NB, PRUNING_NB = "01_seams.ipynb", "02_pruning.ipynb"
@@ -110,10 +111,10 @@ def reproduce(preset: str = "cpu", out_dir=Path("reports"), overrides: dict | No
     """
     overrides = dict(overrides or {})
     cfg = override(make_preset(preset), overrides)  # a bad key or value fails here, before any kernel starts
-    from .check import summary_table as pruning_table
-    from .plots import pruning_figures, seams_figures
-    from .study import summary_table as seams_table
-    from .train import checkpoint_path
+    from seamkit.pruning.study import summary_table as pruning_table
+    from seamkit.seams.arm import checkpoint_path
+    from seamkit.seams.report import summary_table as seams_table
+    from seamkit.ui.plots import pruning_figures, seams_figures
     out_dir, notebooks, cwd = Path(out_dir).resolve(), Path(notebooks), Path.cwd()
     common = {"preset": preset, "out_dir": str(out_dir), "overrides": overrides, "interactive": False}
     t0 = time.perf_counter()

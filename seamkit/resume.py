@@ -26,9 +26,9 @@ import signal
 import threading
 from pathlib import Path
 
-from . import checkpoint
-from .config import RunConfig, SeamkitError
-from .report import atomic_file
+from seamkit import checkpoint
+from seamkit.config import RunConfig, SeamkitError
+from seamkit.report import atomic_file
 
 ENDED = ("complete", "failed")  # an arm in such a state is kept, never continued
 IGNORED = ("train.threads",)  # may differ between the run and its resume

@@ -86,7 +86,7 @@ def resolve_threads(threads: int, quiet: bool = False) -> int:
         except ValueError:
             n = 0
         if n < 1:
-            from .config import ConfigError
+            from seamkit.config import ConfigError
             raise ConfigError(f"{ENV}={os.environ[ENV]!r}: expected a positive number of threads")
         return n
     if os.environ.get("OMP_NUM_THREADS"):

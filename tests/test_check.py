@@ -1,4 +1,4 @@
-"""Tests of seamkit.check (the pruning study and its report), the prune-check command and the
+"""Tests of seamkit.pruning.study (the pruning study and its report), the prune-check command and the
 pruning plots."""
 
 import dataclasses
@@ -9,11 +9,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from seamkit import check, checkpoint, cli, plots, prune
+from seamkit import checkpoint, cli
 from seamkit import config as C
 from seamkit.model import GPT
+from seamkit.optim import make_optimizer
+from seamkit.pruning import rules as prune
+from seamkit.pruning import study as check
 from seamkit.report import load_report, validate
-from seamkit.train import make_optimizer
+from seamkit.ui import plots
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_prune import WINDOWS, one_target_dropped  # noqa: E402

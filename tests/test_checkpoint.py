@@ -1,7 +1,5 @@
 import os
-import pickle
 import random
-import sys
 
 import numpy as np
 import pytest
@@ -173,7 +171,7 @@ def test_rng_state_round_trips_as_plain_data(tmp_path):
 @pytest.mark.parametrize("arm,objective", [("e2e", "aux_head"), ("local", "aux_head"), ("local", "shared_head")])
 def test_every_checkpoint_the_trainers_write_loads(tmp_path, arm, objective):
     """What run_arm writes (aux heads, their optimizer, classes, loader state) loads with weights_only."""
-    from seamkit.train import run_arm
+    from seamkit.seams.arm import run_arm
     cfg = C.override(C.tiny(), {"train.max_steps": 2, "seams.objective": objective})
     path = tmp_path / f"{arm}.pt"
     result = run_arm(arm, cfg, checkpoint_path=path)

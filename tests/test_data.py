@@ -1,4 +1,4 @@
-"""Tests for seamkit.data: tokenizers, corpus files, the split, the cache, rows and windows."""
+"""Tests for seamkit.data.corpus: tokenizers, corpus files, the split, the cache, rows and windows."""
 
 import dataclasses
 import gzip
@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 import torch
 
-from seamkit import config, data
-from seamkit.data import DataError
+from seamkit import config
+from seamkit.data import corpus as data
+from seamkit.data.corpus import DataError
 from seamkit.model import IGNORE
 
 TEXTS = ["plain ascii", "héllo wörld — naïve café, 日本語, emoji 🙂🚀", "tab\tand\nnewline",

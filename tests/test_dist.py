@@ -1,4 +1,4 @@
-"""Seams as real pipeline stages (seamkit.dist): CPU, gloo, tiny preset, one thread a rank.
+"""Seams as real pipeline stages (seamkit.seams.pipeline): CPU, gloo, tiny preset, one thread a rank.
 
 Process groups are slow to start on a small machine, so the runs are few and shared: one
 2-stage launch (both arms, 1f1b), one 3-stage run through torchrun, one e2e launch per
@@ -20,14 +20,15 @@ import pytest
 import torch
 
 from seamkit import config as C
-from seamkit import dist as D
-from seamkit import train as T
+from seamkit import optim as OPT
 from seamkit.cli import build_config
 from seamkit.cli import parser as cli_parser
-from seamkit.data import RowLoader, eval_batches, load_corpus
-from seamkit.dist.stage import SLOW_S
+from seamkit.data.corpus import RowLoader, eval_batches, load_corpus
 from seamkit.model import lm_loss
 from seamkit.report import load_report
+from seamkit.seams import arm as T
+from seamkit.seams import pipeline as D
+from seamkit.seams.pipeline.stage import SLOW_S
 from tests.conftest import ROOT
 
 STEPS = 3
@@ -37,28 +38,28 @@ def tiny(**kw) -> C.RunConfig:
     # threads 1 per rank (and in this process, conftest): the same kernels on both sides; the LR
     # by step, so the single-process twin (lr_at(step)) sees the LR the ranks used, whatever their clocks
     return C.override(C.tiny(), {"train.max_steps": STEPS, "train.budget_seconds": 600.0, "train.threads": 1,
-                                 "train.schedule": "steps", **kw})
+                                 "train.lr_schedule": "steps", **kw})
 
 
 @pytest.fixture(scope="module")
 def two(tmp_path_factory):
     d = tmp_path_factory.mktemp("dist2")
-    cfg = tiny(**{"seams.schedule": "1f1b", "seams.micro_batches": 2})
+    cfg = tiny(**{"seams.pipeline_schedule": "1f1b", "seams.micro_batches": 2})
     report = D.launch(cfg, d / "seams.json", 2, progress=False, save_state=str(d / "state"))
     return cfg, report, d
 
 
 @pytest.fixture(scope="module")
 def three(tmp_path_factory):
-    """Three stages through torchrun (`python -m torch.distributed.run`) and `-m seamkit.dist`."""
+    """Three stages through torchrun (`python -m torch.distributed.run`) and `-m seamkit.seams.pipeline`."""
     d = tmp_path_factory.mktemp("dist3")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "3", "--master-port", str(_free_port()),
-           "-m", "seamkit.dist", "--preset", "tiny", "--schedule", "gpipe", "--max-steps", str(STEPS),
-           "--budget", "600", "--threads", "1", "--set", "train.schedule=steps", "--save-state", str(d / "state"), "--out", str(d / "seams.json")]
+           "-m", "seamkit.seams.pipeline", "--preset", "tiny", "--schedule", "gpipe", "--max-steps", str(STEPS),
+           "--budget", "600", "--threads", "1", "--set", "train.lr_schedule=steps", "--save-state", str(d / "state"), "--out", str(d / "seams.json")]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT,
                          env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert out.returncode == 0, out.stderr[-3000:]
-    return tiny(**{"seams.schedule": "gpipe"}), load_report(d / "seams.json", "seams"), d
+    return tiny(**{"seams.pipeline_schedule": "gpipe"}), load_report(d / "seams.json", "seams"), d
 
 
 _SCHEDULE_RUNS = {}
@@ -68,7 +69,7 @@ def schedule_run(schedule: str, tmp_path_factory):
     """An e2e-only launch of a multi-stage schedule: 2 ranks, 4 segments, 4 micro-batches."""
     if schedule not in _SCHEDULE_RUNS:
         d = tmp_path_factory.mktemp(f"dist_{schedule}")
-        cfg = tiny(**{"seams.schedule": schedule, "seams.micro_batches": 4})
+        cfg = tiny(**{"seams.pipeline_schedule": schedule, "seams.micro_batches": 4})
         report = D.launch(cfg, d / "seams.json", 2, progress=False, save_state=str(d / "state"), arms=("e2e",))
         _SCHEDULE_RUNS[schedule] = (cfg, report, d)
     return _SCHEDULE_RUNS[schedule]
@@ -103,7 +104,7 @@ def test_runs_finish_and_measured_bytes_equal_analytic(run, request):
     B, seq, dim = cfg.data.batch, cfg.model.seq, cfg.model.dim
     assert report["wire_dtype"] == "float32" and b["activation_bytes_per_seam"] == B * seq * dim * 4
     assert b["seams"] == S - 1 and report["bytes_reference_bf16"]["activation_bytes_per_seam"] == B * seq * dim * 2
-    assert report["comparison"].startswith(f"local vs e2e {report['schedule']['e2e']} with {report['micro_batches']}")
+    assert report["comparison"].startswith(f"local vs e2e {report['pipeline_schedule']['e2e']} with {report['micro_batches']}")
     for arm in ("e2e", "local"):
         a = report["arms"][arm]
         assert a["steps"] == STEPS and a["status"] == "complete"
@@ -162,7 +163,7 @@ def _reference_e2e(cfg, corpus, micro_batches: int) -> tuple[dict, float, float]
     for step in range(STEPS):
         x_BT, y_BT = loader.next()
         if micro_batches == 0:
-            loss = T.train_step(a, x_BT, y_BT, T.lr_at(step, cfg.train), cfg.train.grad_clip)[0]
+            loss = T.train_step(a, x_BT, y_BT, OPT.lr_at(step, cfg.train), cfg.train.grad_clip)[0]
             continue
         loss = torch.zeros(())
         for x, y in zip(x_BT.chunk(micro_batches), y_BT.chunk(micro_batches)):
@@ -171,7 +172,7 @@ def _reference_e2e(cfg, corpus, micro_batches: int) -> tuple[dict, float, float]
             loss += mb.detach()
         torch.nn.utils.clip_grad_norm_(a.model.parameters(), cfg.train.grad_clip)
         for g in a.opt.param_groups:
-            g["lr"] = T.lr_at(step, cfg.train)
+            g["lr"] = OPT.lr_at(step, cfg.train)
         a.opt.step()
         a.opt.zero_grad(set_to_none=True)
         loss = loss.item()
@@ -182,7 +183,7 @@ def _reference_e2e(cfg, corpus, micro_batches: int) -> tuple[dict, float, float]
 def _check_equal_to_one_process(cfg, report, d):
     corpus = load_corpus(cfg.data)
     got = _stage_states(d, "e2e", report["stages"])
-    lossr = report["per_rank"]["e2e"][report["schedule"]["e2e_owner"][-1]]  # unrounded losses
+    lossr = report["per_rank"]["e2e"][report["pipeline_schedule"]["e2e_owner"][-1]]  # unrounded losses
     want, loss, final = _reference_e2e(cfg, corpus, report["micro_batches"])
     assert got.keys() == want.keys()
     for name in want:
@@ -219,7 +220,7 @@ def test_multi_stage_schedules_match_one_process_and_count_their_crossings(sched
     hand-over stays on the last rank)."""
     cfg, report, d = schedule_run(schedule, tmp_path_factory)
     assert report["arms"]["e2e"]["status"] == "complete" and report["arms"]["local"]["status"] == "not_run"
-    sch = report["schedule"]
+    sch = report["pipeline_schedule"]
     assert sch["e2e"] == schedule and sch["virtual_stages"] == 4
     assert sch["e2e_owner"] == ([0, 1, 0, 1] if "interleaved" in schedule else [0, 1, 1, 0])
     m = report["measured_bytes"]["e2e"]
@@ -242,7 +243,7 @@ def test_local_matches_single_process(run, request):
     loader = RowLoader(corpus, "train", cfg.data.batch, cfg.model.seq, cfg.train.seed)
     for step in range(STEPS):
         x_BT, y_BT = loader.next()
-        T.train_step(a, x_BT, y_BT, T.lr_at(step, cfg.train), cfg.train.grad_clip)
+        T.train_step(a, x_BT, y_BT, OPT.lr_at(step, cfg.train), cfg.train.grad_clip)
     got = _stage_states(d, "local", report["stages"])
     want = a.model.state_dict()
     assert got.keys() == want.keys()
@@ -261,10 +262,10 @@ def test_plan_rules():
     assert D.make_plan(cfg, 2).seams == [1] and D.make_plan(cfg, 4).segs == [[0], [1], [2], [3]]
     assert D.make_plan(cfg, 2).micro_batches == 4  # auto at 2 stages: dualpipev, 2 per stage
     assert D.make_plan(cfg, 3).micro_batches == 4  # batch 4: the largest divisor <= 6
-    one = C.override(cfg, {"seams.schedule": "1f1b"})
+    one = C.override(cfg, {"seams.pipeline_schedule": "1f1b"})
     assert D.make_plan(one, 2).micro_batches == 4 and D.make_plan(one, 4).micro_batches == 4  # 2 per stage, <= batch
     assert D.make_plan(C.override(cfg, {"seams.seams": "0,1"}), 3).seams == [0, 1]  # S-1 seams named: kept
-    zbv = D.make_plan(C.override(cfg, {"seams.schedule": "zbv"}), 2)
+    zbv = D.make_plan(C.override(cfg, {"seams.pipeline_schedule": "zbv"}), 2)
     assert zbv.owner == [0, 1, 1, 0] and zbv.crossings() == [0, 2] and zbv.e2e_segs == [[0], [1], [2], [3]]
     with pytest.raises(C.ConfigError, match="1..4 stages"):
         D.make_plan(cfg, 5)
@@ -273,17 +274,17 @@ def test_plan_rules():
     with pytest.raises(C.ConfigError, match="aux_head only"):
         D.make_plan(C.override(cfg, {"seams.objective": "shared_head"}), 2)
     with pytest.raises(C.ConfigError, match="6 segments, but the model has 4 blocks"):
-        D.make_plan(C.override(cfg, {"seams.schedule": "zbv"}), 3)
+        D.make_plan(C.override(cfg, {"seams.pipeline_schedule": "zbv"}), 3)
     with pytest.raises(C.ConfigError, match="1f1b needs micro_batches >= stages"):
-        D.make_plan(C.override(cfg, {"seams.schedule": "1f1b", "seams.micro_batches": 1}), 2)
+        D.make_plan(C.override(cfg, {"seams.pipeline_schedule": "1f1b", "seams.micro_batches": 1}), 2)
     with pytest.raises(C.ConfigError, match="dualpipev needs micro_batches >= 2 x stages"):
-        D.make_plan(C.override(cfg, {"seams.schedule": "dualpipev", "seams.micro_batches": 2}), 2)
-    with pytest.raises(C.ConfigError, match="seams.schedule must be auto or one of"):
-        C.override(cfg, {"seams.schedule": "pipedream"})
+        D.make_plan(C.override(cfg, {"seams.pipeline_schedule": "dualpipev", "seams.micro_batches": 2}), 2)
+    with pytest.raises(C.ConfigError, match="seams.pipeline_schedule must be auto or one of"):
+        C.override(cfg, {"seams.pipeline_schedule": "pipedream"})
 
 
 def test_auto_schedule_is_the_fastest_the_bench_measured():
-    """seams.schedule=auto takes bench/results/dist.json's fastest e2e configuration at each
+    """seams.pipeline_schedule=auto takes bench/results/dist.json's fastest e2e configuration at each
     stage count it measured, and falls back to 1f1b where that one cannot run."""
     measured = json.loads((ROOT / "bench" / "results" / "dist.json").read_text())["comparison"]
     cpu = C.override(C.cpu(), {"data.batch": 16})  # the bench's batch
@@ -299,7 +300,7 @@ def test_auto_schedule_is_the_fastest_the_bench_measured():
 def test_cli_flags_reach_the_config():
     args = cli_parser().parse_args(["seams", "--stages", "2", "--schedule", "zbv", "--micro-batches", "8"])
     cfg = build_config(args)
-    assert (cfg.seams.stages, cfg.seams.schedule, cfg.seams.micro_batches) == (2, "zbv", 8)
+    assert (cfg.seams.stages, cfg.seams.pipeline_schedule, cfg.seams.micro_batches) == (2, "zbv", 8)
 
 
 # ----------------------------------------------------------------------------- the bubble is timed
@@ -309,7 +310,7 @@ def test_wait_timers_see_a_slow_neighbour(tmp_path, monkeypatch):
     must show it as wait in both arms. Remove a wait timer and its wait drops to ~0. Compute and
     wait are timed apart, so they must also fit inside the elapsed time."""
     monkeypatch.setenv("SEAMKIT_DIST_FAULT", "0:*:slow")
-    cfg = tiny(**{"seams.schedule": "gpipe", "seams.micro_batches": 2})
+    cfg = tiny(**{"seams.pipeline_schedule": "gpipe", "seams.micro_batches": 2})
     report = D.launch(cfg, tmp_path / "r.json", 2, progress=False)
     for arm in ("e2e", "local"):
         r0, r1 = report["per_rank"][arm]
@@ -327,7 +328,7 @@ def test_nan_on_one_rank_fails_e2e_at_once_naming_it(tmp_path, monkeypatch):
     """Rank 0's output turns NaN at step 1; the loss goes NaN on rank 1; the all_reduce names
     the first segment that went non-finite, so the report blames rank 0, not the loss's rank."""
     monkeypatch.setenv("SEAMKIT_DIST_FAULT", "0:1:nan:e2e")
-    cfg = tiny(**{"train.max_steps": 0, "train.budget_seconds": 45.0, "seams.schedule": "gpipe"})
+    cfg = tiny(**{"train.max_steps": 0, "train.budget_seconds": 45.0, "seams.pipeline_schedule": "gpipe"})
     t0 = time.monotonic()
     report = D.launch(cfg, tmp_path / "r.json", 2, progress=False)
     assert time.monotonic() - t0 < 40  # the budget is 45 s: only the fault ended it
@@ -343,7 +344,7 @@ def test_nan_on_one_rank_fails_local_at_once_naming_it(tmp_path, monkeypatch):
     """The last of 3 local stages gets a NaN loss at step 2: rank 0 hears of it through the fault
     store and stops every stage; no rank waits for the budget or the timeout."""
     monkeypatch.setenv("SEAMKIT_DIST_FAULT", "2:2:nan:local")
-    cfg = tiny(**{"train.max_steps": 0, "train.budget_seconds": 45.0, "seams.schedule": "gpipe"})
+    cfg = tiny(**{"train.max_steps": 0, "train.budget_seconds": 45.0, "seams.pipeline_schedule": "gpipe"})
     t0 = time.monotonic()
     report = D.launch(cfg, tmp_path / "r.json", 3, progress=False, arms=("local",), timeout_s=40)
     assert time.monotonic() - t0 < 40  # the budget is 45 s: only the fault ended it
@@ -357,7 +358,7 @@ def test_nan_on_one_rank_fails_local_at_once_naming_it(tmp_path, monkeypatch):
 
 def test_a_rank_that_raises_ends_the_run_with_a_report(tmp_path, monkeypatch):
     monkeypatch.setenv("SEAMKIT_DIST_FAULT", "1:2:raise:local")
-    cfg = tiny(**{"train.max_steps": 0, "train.budget_seconds": 300.0, "seams.schedule": "gpipe"})
+    cfg = tiny(**{"train.max_steps": 0, "train.budget_seconds": 300.0, "seams.pipeline_schedule": "gpipe"})
     t0 = time.monotonic()
     with pytest.raises(D.DistError, match=r"^rank 1 died: RuntimeError: planted fault at step 2 \(local, step 2\)"):
         D.launch(cfg, tmp_path / "r.json", 2, progress=False, timeout_s=60, arms=("local",))
@@ -384,7 +385,7 @@ def test_killed_rank_ends_the_run_with_its_name(tmp_path, monkeypatch):
 
 def test_ctrl_c_writes_what_it_had(tmp_path):
     out = tmp_path / "r.json"
-    p = subprocess.Popen([sys.executable, "-m", "seamkit.dist", "--stages", "2", "--preset", "tiny", "--threads", "1",
+    p = subprocess.Popen([sys.executable, "-m", "seamkit.seams.pipeline", "--stages", "2", "--preset", "tiny", "--threads", "1",
                           "--budget", "300", "--out", str(out)], cwd=ROOT, stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE)
     seen = bytearray()

@@ -17,15 +17,16 @@ pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="us
 @pytest.fixture
 def no_work(monkeypatch):
     """Every study entry point, replaced by one that records that it was reached."""
-    import seamkit.check
-    import seamkit.reproduce
     import seamkit.study
-    import seamkit.tokens
     import seamkit.train
+
+    import seamkit.data.tokenfiles
+    import seamkit.pruning.study
+    import seamkit.reproduce
     reached = []
     # where the CLI looks them up when it runs: `seamkit seams` calls study.seams_study
     for mod, name in ((seamkit.train, "train_run"), (seamkit.study, "seams_study"),
-                      (seamkit.check, "prune_check"), (seamkit.reproduce, "reproduce"), (seamkit.tokens, "prepare")):
+                      (seamkit.pruning.study, "prune_check"), (seamkit.reproduce, "reproduce"), (seamkit.data.tokenfiles, "prepare")):
         monkeypatch.setattr(mod, name, lambda *a, name=name, **k: reached.append(name))
     return reached
 

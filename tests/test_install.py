@@ -54,7 +54,7 @@ def test_wheel_installs_and_trains_from_another_directory(wheel, tmp_path):
 
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    where = _run([py, "-c", "import seamkit, seamkit.data as d; print(seamkit.__file__); print(d.SHIPPED['wordnet'])"],
+    where = _run([py, "-c", "import seamkit, seamkit.data.corpus as d; print(seamkit.__file__); print(d.SHIPPED['wordnet'])"],
                  cwd=elsewhere).split()
     assert all(Path(p).is_relative_to(site / "seamkit") for p in where), where  # the wheel's code and corpus
     _run([venv / "bin" / "seamkit", "train", "--preset", "tiny", "--max-steps", "2", "--threads", "1",

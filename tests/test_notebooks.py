@@ -12,7 +12,7 @@ import pytest
 
 from seamkit.report import load_report
 from seamkit.reproduce import run_notebook
-from seamkit.train import checkpoint_path
+from seamkit.seams.arm import checkpoint_path
 from tests.conftest import REFERENCE
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"

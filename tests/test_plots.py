@@ -5,8 +5,8 @@ import json
 import pytest
 
 from seamkit import config as C
-from seamkit import plots as P
-from seamkit import study as S
+from seamkit.seams import study as S
+from seamkit.ui import plots as P
 from tests.conftest import REFERENCE
 
 REFERENCE_FILE = REFERENCE / "seams_report.json"

@@ -1,4 +1,4 @@
-"""Tests of seamkit.prune and seamkit.prune_bitwise: the liveness rules, the pruned steps and what they run."""
+"""Tests of seamkit.pruning.rules and seamkit.pruning.bitwise: the liveness rules, the pruned steps and what they run."""
 
 import dataclasses
 
@@ -7,9 +7,10 @@ import torch
 import torch.nn.functional as F
 
 from seamkit import config as C
-from seamkit import prune, prune_bitwise
-from seamkit.data import Window
+from seamkit.data.corpus import Window
 from seamkit.model import GPT, IGNORE
+from seamkit.pruning import bitwise as prune_bitwise
+from seamkit.pruning import rules as prune
 
 torch.set_num_threads(1)
 

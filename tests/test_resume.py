@@ -7,8 +7,9 @@ import signal
 
 from seamkit import checkpoint, cli
 from seamkit import config as C
-from seamkit import study as S
-from seamkit.train import checkpoint_path, train_run
+from seamkit.seams import study as S
+from seamkit.seams.arm import checkpoint_path
+from seamkit.seams.run import train_run
 
 STEPS = 12
 

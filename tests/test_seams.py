@@ -7,11 +7,12 @@ import pytest
 import torch
 
 from seamkit import config as C
-from seamkit import seams as S
-from seamkit import study as ST
-from seamkit import train as T
-from seamkit.data import load_corpus
-from seamkit.model import GPT
+from seamkit.data.corpus import RowLoader, load_corpus
+from seamkit.model import GPT, lm_loss
+from seamkit.seams import arm as T
+from seamkit.seams import cuts as CUTS
+from seamkit.seams import objectives as OBJ
+from seamkit.seams import report as REP
 from tests.conftest import REFERENCE as REFERENCE_DIR
 
 REFERENCE = REFERENCE_DIR / "seams_report.json"  # vendored, so the digit-for-digit check always runs
@@ -30,44 +31,44 @@ def corpus():
 
 
 def test_parse_seams_forms():
-    assert S.parse_seams("all", 16) == list(range(15))
-    assert S.parse_seams("none", 8) == [] and S.parse_seams(0, 8) == []
-    assert S.parse_seams("1", 8) == [3]
-    assert S.parse_seams("3", 8) == [1, 3, 5]
-    assert S.parse_seams("7", 8) == list(range(7))
-    assert S.parse_seams("1,3,5", 8) == [1, 3, 5]
+    assert CUTS.parse_seams("all", 16) == list(range(15))
+    assert CUTS.parse_seams("none", 8) == [] and CUTS.parse_seams(0, 8) == []
+    assert CUTS.parse_seams("1", 8) == [3]
+    assert CUTS.parse_seams("3", 8) == [1, 3, 5]
+    assert CUTS.parse_seams("7", 8) == list(range(7))
+    assert CUTS.parse_seams("1,3,5", 8) == [1, 3, 5]
     for bad in ("8", "7,7", "3,1", "x", "0,7"):
         with pytest.raises(C.ConfigError):
-            S.parse_seams(bad, 8)
+            CUTS.parse_seams(bad, 8)
 
 
 def test_segments_and_ownership():
-    assert S.segments([1, 3], 6) == [[0, 1], [2, 3], [4, 5]]
-    assert S.segments([], 4) == [[0, 1, 2, 3]]
+    assert CUTS.segments([1, 3], 6) == [[0, 1], [2, 3], [4, 5]]
+    assert CUTS.segments([], 4) == [[0, 1, 2, 3]]
     cfg = C.tiny().model
     model = GPT(cfg)
-    segs = S.segments([0, 2], cfg.n_blocks)
-    owned = S.segment_params(model, segs)
+    segs = CUTS.segments([0, 2], cfg.n_blocks)
+    owned = CUTS.segment_params(model, segs)
     names = [[n for n, _ in o] for o in owned]
     assert sum(names, []) == [n for n, _ in model.named_parameters()]  # a partition, in model order
     assert names[0][0] == "embed.weight" and all(n.startswith("blocks.0.") for n in names[0][1:])
     assert all(n.startswith(("blocks.1.", "blocks.2.")) for n in names[1])
     assert names[2][-2:] == ["norm.weight", "head.weight"]
     # one segment owns everything in named_parameters() order: what keeps local == e2e
-    assert [p for _, p in S.segment_params(model, [[0, 1, 2, 3]])[0]] == list(model.parameters())
+    assert [p for _, p in CUTS.segment_params(model, [[0, 1, 2, 3]])[0]] == list(model.parameters())
 
 
 def test_class_map_top_k_then_other():
     counts = np.array([5, 0, 9, 5, 1, 9])
-    m = S.class_map(counts, 3)
+    m = OBJ.class_map(counts, 3)
     # most frequent first, ties by id: 2 (9), 5 (9), 0 (5); the rest are "other" = 3
     assert m.tolist() == [2, 3, 0, 3, 3, 1]
-    assert S.class_map(counts, 10).tolist() == [2, 5, 0, 3, 4, 1]  # k capped at vocab; "other" unused
+    assert OBJ.class_map(counts, 10).tolist() == [2, 5, 0, 3, 4, 1]  # k capped at vocab; "other" unused
 
 
 def _allowed(arm, k):
     """Names segment k's loss may reach: what it owns, plus its own head."""
-    owned = S.segment_params(arm.model, arm.segs)
+    owned = CUTS.segment_params(arm.model, arm.segs)
     names = {n for n, _ in owned[k]}
     last = len(arm.segs) - 1
     if k < last and arm.objective == "aux_head":
@@ -97,8 +98,8 @@ def gradient_leaks(arm, loss, allowed):
 
 
 def _losses(arm, cfg, corpus, detach=True, objective=None):
-    x, y = T.RowLoader(corpus, "train", cfg.data.batch, cfg.model.seq, 0).next()
-    return list(S.segment_losses(arm.model, x, y, arm.segs, objective or arm.objective, arm.heads, arm.classes,
+    x, y = RowLoader(corpus, "train", cfg.data.batch, cfg.model.seq, 0).next()
+    return list(OBJ.segment_losses(arm.model, x, y, arm.segs, objective or arm.objective, arm.heads, arm.classes,
                                  detach=detach))
 
 
@@ -135,14 +136,14 @@ def test_local_values_match_the_model():
     model = GPT(cfg.model)
     x = torch.randint(0, cfg.model.vocab, (2, cfg.model.seq))
     y = torch.randint(0, cfg.model.vocab, (2, cfg.model.seq))
-    segs = S.segments([0, 2], cfg.model.n_blocks)
-    losses = list(S.segment_losses(model, x, y, segs, "detached_head"))
-    full = T.lm_loss(model(x), y)
+    segs = CUTS.segments([0, 2], cfg.model.n_blocks)
+    losses = list(OBJ.segment_losses(model, x, y, segs, "detached_head"))
+    full = lm_loss(model(x), y)
     assert torch.equal(losses[-1], full)
 
 
 def test_seed_preset_bytes_equal_the_reference():
-    report = ST.build_report(C.seed(), {})
+    report = REP.build_report(C.seed(), {})
     assert report["bytes"] == REFERENCE_BYTES
     assert report["traffic_ratio_e2e_over_local"] == REFERENCE_RATIO
     assert report["traffic_ratio_no_allreduce"] == 2.0
@@ -162,10 +163,10 @@ def test_objective_bytes_count_the_heads_a_stage_would_receive():
     head = model.head.weight.numel() + model.norm.weight.numel()
     head_bytes = (model.head.weight.element_size() * model.head.weight.numel()
                   + model.norm.weight.element_size() * model.norm.weight.numel())
-    assert S.objective_bytes(cfg.model, n_seams, "aux_head")["extra_per_step"] == 0
-    det = S.objective_bytes(cfg.model, n_seams, "detached_head")
+    assert OBJ.objective_bytes(cfg.model, n_seams, "aux_head")["extra_per_step"] == 0
+    det = OBJ.objective_bytes(cfg.model, n_seams, "detached_head")
     assert det["head_params"] == head and det["head_weight_bytes_per_step"] == n_seams * head_bytes
-    shared = S.objective_bytes(cfg.model, n_seams, "shared_head")
+    shared = OBJ.objective_bytes(cfg.model, n_seams, "shared_head")
     assert shared["extra_per_step"] == 2 * n_seams * head_bytes
     # the parameters shared_head's non-final losses reach are exactly what it counts
     arm = T.build_arm("local", C.override(cfg, {"seams.objective": "shared_head"}), load_corpus(cfg.data))
@@ -180,10 +181,10 @@ def test_aux_target_is_the_next_token(corpus):
     """The aux loss reads the targets y (the next tokens), not the inputs x."""
     cfg = C.override(C.tiny(), {"seams.seams": "all"})
     arm = T.build_arm("local", cfg, corpus)
-    x, y = T.RowLoader(corpus, "train", cfg.data.batch, cfg.model.seq, 0).next()
+    x, y = RowLoader(corpus, "train", cfg.data.batch, cfg.model.seq, 0).next()
     torch.manual_seed(1)
     y2 = torch.randint_like(y, cfg.model.vocab)
-    first = [list(S.segment_losses(arm.model, x, t, arm.segs, "aux_head", arm.heads, arm.classes))[0] for t in (y, y2)]
+    first = [list(OBJ.segment_losses(arm.model, x, t, arm.segs, "aux_head", arm.heads, arm.classes))[0] for t in (y, y2)]
     assert not torch.equal(first[0], first[1])  # other targets, other aux loss
     expected = torch.nn.functional.cross_entropy(
         arm.heads[0](arm.model.blocks[0](arm.model.embed(x), arm.model.context(x.shape[1], x.device, torch.float32)))

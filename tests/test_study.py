@@ -10,8 +10,11 @@ import pytest
 from seamkit import checkpoint
 from seamkit import config as C
 from seamkit import report as R
-from seamkit import study as S
-from seamkit import train as T
+from seamkit import stats as STATS
+from seamkit.seams import arm as T
+from seamkit.seams import report as REP
+from seamkit.seams import study as S
+from seamkit.seams.costs import arm_costs
 from tests.conftest import REFERENCE
 
 NULLABLE_ON_CPU = {"gpu", "peak_vram_bytes"}  # the reference ran on a GPU; on CPU these are null
@@ -22,10 +25,10 @@ def steps_cfg(n=4, **kw):
 
 
 def test_stats_mean_std_and_student_interval():
-    s = S.stats([1.0, 2.0, 3.0])
+    s = STATS.stats([1.0, 2.0, 3.0])
     assert s["mean"] == 2.0 and s["std"] == 1.0 and s["n"] == 3
     assert s["ci95"] == pytest.approx([2 - 4.303 / math.sqrt(3), 2 + 4.303 / math.sqrt(3)])  # t(0.975, 2 df)
-    assert S.stats([5.0])["ci95"] is None and S.stats([None, float("nan")]) is None
+    assert STATS.stats([5.0])["ci95"] is None and STATS.stats([None, float("nan")]) is None
 
 
 def test_equal_token_marks_and_time_to_target():
@@ -53,7 +56,7 @@ def test_report_holds_means_at_the_reference_keys_and_paired_statistics():
     runs = [{"seed": k, "results": {"e2e": _fake_result("e2e", k, 2.0 + k, 1000.0),
                                     "local": _fake_result("local", k, 2.5 + 2 * k, 800.0 + 100 * k)},
              "views": {"equal_tokens": [], "time_to_target": None}} for k in range(3)]
-    rep = S.study_report(cfg, runs, False, True, {}, None)
+    rep = REP.study_report(cfg, runs, False, True, {}, None)
     R.validate(rep, "seams")
     assert rep["arms"]["e2e"]["final_loss"] == 3.0 and rep["arms"]["local"]["final_loss"] == 4.5  # means
     assert rep["arms"]["local"]["tokens_per_s"] == 900.0
@@ -114,7 +117,7 @@ def test_report_has_the_reference_shape_and_loads_back(tmp_path):
         assert key in loaded, key
     # what ran: the thread count chosen at start (train.threads=0: $SEAMKIT_THREADS, 1 in the tests)
     assert C.from_dict(loaded["run_config"]) == C.override(cfg, {"train.threads": int(os.environ["SEAMKIT_THREADS"])})
-    table = S.summary_table(loaded)
+    table = REP.summary_table(loaded)
     assert "e2e" in table and "local" in table and "tokens/s" in table and "equal tokens" in table
 
 
@@ -130,8 +133,8 @@ def test_interrupt_in_process_writes_an_interrupted_report(tmp_path):
 
 def test_aux_head_costs_are_counted():
     cfg = C.tiny()
-    from seamkit.data import load_corpus
-    costs = S.arm_costs(cfg, load_corpus(cfg.data))
+    from seamkit.data.corpus import load_corpus
+    costs = arm_costs(cfg, load_corpus(cfg.data))
     m, k = cfg.model, min(cfg.seams.aux_classes, cfg.model.vocab) + 1
     n_heads = m.n_blocks - 1
     assert costs["e2e"]["aux_head_params"] == 0 and costs["e2e"]["aux_head_flops_per_token"] == 0

@@ -10,7 +10,6 @@ must agree bit for bit.
 import csv
 import json
 import math
-import os
 import signal
 import subprocess
 import sys
@@ -19,11 +18,11 @@ from pathlib import Path
 
 import pytest
 
-from seamkit import sweep as S
 from seamkit.cli import main
 from seamkit.report import load_report
 from seamkit.reproduce import NOTEBOOKS, run_notebook
-from seamkit.sweep_stats import t_quantile
+from seamkit.sweep import run as S
+from seamkit.sweep.stats import t_quantile
 
 ROOT = Path(__file__).resolve().parents[1]
 SETTINGS = ["--preset", "tiny", "--threads", "1", "--set", "train.max_steps=3", "--set", "train.budget_seconds=600"]
@@ -219,8 +218,8 @@ def _fake_report(local_loss: float, seed: int) -> dict:
 
 
 def test_figures_draw_one_series_per_other_key_with_t_intervals():
-    from seamkit.sweep_plots import metric_figure
-    from seamkit.sweep_stats import aggregate
+    from seamkit.sweep.plots import metric_figure
+    from seamkit.sweep.stats import aggregate
     grid = {"seams": [7, 1], "objective": ["aux_head", "shared_head"]}
     plan = {"study": "seams", "preset": "tiny", "grid": grid, "seeds": [0, 1], "overrides": {}}
     loss = {(s, o, seed): 3.0 + s / 10 + (o == "shared_head") + seed / 100

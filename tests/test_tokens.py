@@ -1,4 +1,4 @@
-"""Token files (seamkit.tokens): `data prepare`, memory-mapped corpora, and training from them."""
+"""Token files (seamkit.data.tokenfiles): `data prepare`, memory-mapped corpora, and training from them."""
 
 import gzip
 import json
@@ -12,8 +12,10 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from seamkit import cli, config, data, tokens
-from seamkit.data import DataError
+from seamkit import cli
+from seamkit.data import corpus as data
+from seamkit.data import tokenfiles as tokens
+from seamkit.data.corpus import DataError
 from tests.test_data import data_cfg, lemma_docs
 
 

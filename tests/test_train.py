@@ -10,10 +10,12 @@ import torch
 
 from seamkit import checkpoint
 from seamkit import config as C
-from seamkit import train as T
-from seamkit.data import eval_batches, load_corpus
+from seamkit import loop as L
+from seamkit import optim as OPT
+from seamkit.data.corpus import RowLoader, eval_batches, load_corpus
 from seamkit.model import GPT, lm_loss
-
+from seamkit.seams import arm as T
+from seamkit.seams import run as TR
 
 
 @pytest.fixture(scope="module")
@@ -28,26 +30,26 @@ def steps_cfg(n=4, **kw):
 
 def test_lr_schedule():
     tc = C.override(C.tiny(), {"train.warmup_steps": 4, "train.decay_steps": 10}).train
-    assert T.lr_at(0, tc) == tc.lr / 4 and T.lr_at(3, tc) == tc.lr
-    assert T.lr_at(4, tc) == tc.lr  # cosine starts at the peak
-    assert math.isclose(T.lr_at(9, tc), tc.lr * (tc.min_lr_frac + (1 - tc.min_lr_frac) * 0.5))  # halfway
-    assert T.lr_at(14, tc) == T.lr_at(1000, tc) == pytest.approx(tc.lr * tc.min_lr_frac, rel=1e-12)
+    assert OPT.lr_at(0, tc) == tc.lr / 4 and OPT.lr_at(3, tc) == tc.lr
+    assert OPT.lr_at(4, tc) == tc.lr  # cosine starts at the peak
+    assert math.isclose(OPT.lr_at(9, tc), tc.lr * (tc.min_lr_frac + (1 - tc.min_lr_frac) * 0.5))  # halfway
+    assert OPT.lr_at(14, tc) == OPT.lr_at(1000, tc) == pytest.approx(tc.lr * tc.min_lr_frac, rel=1e-12)
 
 
 def test_budget_schedule_follows_progress():
     tc = C.override(C.tiny(), {"train.warmup_frac": 0.1, "train.budget_seconds": 10.0, "train.max_steps": 0}).train
     floor = tc.lr * tc.min_lr_frac
-    assert T.lr_at_progress(0.0, tc) == pytest.approx(floor) and T.lr_at_progress(0.1, tc) == pytest.approx(tc.lr)
-    assert T.lr_at_progress(0.05, tc) == pytest.approx((floor + tc.lr) / 2)  # linear warm-up from the floor
-    assert T.lr_at_progress(0.55, tc) == pytest.approx((floor + tc.lr) / 2)  # halfway down the cosine
-    assert T.lr_at_progress(1.0, tc) == pytest.approx(floor) == T.lr_at_progress(2.0, tc)
+    assert OPT.lr_at_progress(0.0, tc) == pytest.approx(floor) and OPT.lr_at_progress(0.1, tc) == pytest.approx(tc.lr)
+    assert OPT.lr_at_progress(0.05, tc) == pytest.approx((floor + tc.lr) / 2)  # linear warm-up from the floor
+    assert OPT.lr_at_progress(0.55, tc) == pytest.approx((floor + tc.lr) / 2)  # halfway down the cosine
+    assert OPT.lr_at_progress(1.0, tc) == pytest.approx(floor) == OPT.lr_at_progress(2.0, tc)
     # progress: the share of the budget, or of max_steps when that is further along
-    assert T.schedule_progress(3, 5.0, tc) == 0.5
+    assert OPT.schedule_progress(3, 5.0, tc) == 0.5
     both = C.override(C.tiny(), {"train.budget_seconds": 10.0, "train.max_steps": 4}).train
-    assert T.schedule_progress(3, 5.0, both) == 0.75 and T.schedule_progress(1, 5.0, both) == 0.5
-    assert T.scheduled_lr(3, 5.0, tc) == T.lr_at_progress(0.5, tc)
-    steps = C.override(C.tiny(), {"train.schedule": "steps"}).train
-    assert T.scheduled_lr(3, 5.0, steps) == T.lr_at(3, steps)
+    assert OPT.schedule_progress(3, 5.0, both) == 0.75 and OPT.schedule_progress(1, 5.0, both) == 0.5
+    assert OPT.scheduled_lr(3, 5.0, tc) == OPT.lr_at_progress(0.5, tc)
+    steps = C.override(C.tiny(), {"train.lr_schedule": "steps"}).train
+    assert OPT.scheduled_lr(3, 5.0, steps) == OPT.lr_at(3, steps)
 
 
 def test_a_budgeted_arm_anneals_when_its_budget_ends(corpus):
@@ -57,13 +59,13 @@ def test_a_budgeted_arm_anneals_when_its_budget_ends(corpus):
     floor = cfg.train.lr * cfg.train.min_lr_frac
     # the last step starts within one step of the end: its progress is >= 1 - max_step_s / budget
     p = 1 - r["max_step_s"] / cfg.train.budget_seconds
-    assert floor <= r["lr_final"] <= T.lr_at_progress(p, cfg.train) + 1e-12
+    assert floor <= r["lr_final"] <= OPT.lr_at_progress(p, cfg.train) + 1e-12
     assert r["lr_final"] < 0.5 * cfg.train.lr
     assert r["loss_curve_lr"][0] == pytest.approx(floor, rel=0.05)  # warm-up starts at the floor (t0 is just past 0)
 
 
 def test_curve_marks_a_step_spanning_several_marks_fills_each(corpus):
-    marks = T.CurveMarks(5, 1.0, 0)  # marks at 0, 0.25, 0.5, 0.75 s
+    marks = L.CurveMarks(5, 1.0, 0)  # marks at 0, 0.25, 0.5, 0.75 s
     assert marks.due(0, 0.0) == 1 and marks.due(1, 0.6) == 2 and marks.due(2, 0.7) == 0 and marks.left() == 1
     # max_steps 3, 9 points: step marks 0,0,0,1,1,1,2,2 and the last step
     r = T.run_arm("e2e", steps_cfg(3, **{"train.curve_points": 9}), corpus)
@@ -96,11 +98,11 @@ def test_held_out_tokens():
     corpus = load_corpus(cfg.data)
     assert cfg.train.eval_tokens >= 65536
     per_batch = cfg.data.batch * cfg.model.seq
-    assert len(T.held_out(corpus, cfg)) == math.ceil(65536 / per_batch)
+    assert len(L.held_out(corpus, cfg)) == math.ceil(65536 / per_batch)
     ids = corpus.split_docs("val")
     split = int((corpus.offsets[ids + 1] - corpus.offsets[ids]).sum())
     whole = C.override(cfg, {"train.eval_tokens": 10 ** 9})
-    assert len(T.held_out(corpus, whole)) == math.ceil((split - 1) / per_batch)  # the whole split, not a repeat
+    assert len(L.held_out(corpus, whole)) == math.ceil((split - 1) / per_batch)  # the whole split, not a repeat
 
 
 def test_local_clips_each_segment_on_its_own(corpus, monkeypatch):
@@ -114,7 +116,7 @@ def test_local_clips_each_segment_on_its_own(corpus, monkeypatch):
             norms.append(torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in group if p.grad is not None])))
         return real_step(*args, **kw)
     monkeypatch.setattr(a.opt, "step", step_and_look)
-    x, y = T.RowLoader(corpus, "train", cfg.data.batch, cfg.model.seq, 0).next()
+    x, y = RowLoader(corpus, "train", cfg.data.batch, cfg.model.seq, 0).next()
     T.train_step(a, x, y, 1e-3, cfg.train.grad_clip)
     assert len(norms) == len(a.segs) == 4
     for n in norms:  # each segment at the clip norm (clip_grad_norm_ scales by clip / (norm + 1e-6))
@@ -123,7 +125,7 @@ def test_local_clips_each_segment_on_its_own(corpus, monkeypatch):
 
 def test_weight_decay_on_matrices_only():
     model = GPT(C.tiny().model)
-    opt = T.make_optimizer(model, C.tiny().train)
+    opt = OPT.make_optimizer(model, C.tiny().train)
     decay, no_decay = opt.param_groups
     assert decay["weight_decay"] > 0 and no_decay["weight_decay"] == 0
     matrices = {id(p) for n, p in model.named_parameters() if n.startswith("blocks.") and p.dim() == 2}
@@ -137,7 +139,7 @@ def test_adamw_is_fused_on_cpu_and_updates_like_the_reference_formula():
     torch.manual_seed(0)
     model = GPT(C.tiny().model)
     tc = C.tiny().train
-    opt = T.make_optimizer(model, tc)
+    opt = OPT.make_optimizer(model, tc)
     assert opt.defaults["fused"] is True
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     for p in model.parameters():
@@ -178,8 +180,8 @@ def test_both_arms_start_from_the_same_weights(corpus):
 
 def test_train_run_is_reproducible_and_checkpoints(tmp_path):
     cfg = steps_cfg(5)  # tiny's 5 curve points: every step is a point
-    s1 = T.train_run(cfg, tmp_path / "a", progress=False)
-    s2 = T.train_run(cfg, tmp_path / "b", progress=False)
+    s1 = TR.train_run(cfg, tmp_path / "a", progress=False)
+    s2 = TR.train_run(cfg, tmp_path / "b", progress=False)
     assert s1["loss_curve_steps"] == [0, 1, 2, 3, 4]
     assert s1["loss_curve"] == s2["loss_curve"] and s1["val_loss"] == s2["val_loss"]
     assert s1["loss_curve"][0] == pytest.approx(math.log(cfg.model.vocab), abs=0.1)  # about ln(vocab) at step 0
@@ -189,7 +191,7 @@ def test_train_run_is_reproducible_and_checkpoints(tmp_path):
     ckpt = checkpoint.load(tmp_path / "a" / "checkpoint.pt")
     assert checkpoint.ref(tmp_path / "a" / "checkpoint.pt", ckpt["id"]) == s1["checkpoint"]
     model = GPT(cfg.model)
-    checkpoint.restore(ckpt, model, T.make_optimizer(model, cfg.train))
+    checkpoint.restore(ckpt, model, OPT.make_optimizer(model, cfg.train))
     assert ckpt["step"] == 5 and ckpt["data"]["position"] == 5 * cfg.data.batch * cfg.model.seq
 
 

@@ -5,10 +5,10 @@ from pathlib import Path
 import pytest
 
 from seamkit import config as C
-from seamkit import study as S
-from seamkit import train as T
-from seamkit import widgets
 from seamkit.report import load_report
+from seamkit.seams import arm as T
+from seamkit.seams import study as S
+from seamkit.ui import widgets
 
 
 def test_build_config_is_override_on_a_preset():
@@ -113,7 +113,7 @@ def test_seams_panel_runs_the_study_live(tmp_path):
 # ----------------------------------------------------------------------------- the pruning panel
 
 def test_pruning_panel_pattern_follows_window_and_policy(tmp_path):
-    from seamkit import check
+    from seamkit.pruning import study as check
     panel = widgets.PruningPanel("tiny", {"prune.windows": 2}, tmp_path / "none.pt", tmp_path / "pruning.json")
     assert panel.error is None and panel.pattern["window"] == 0
     assert panel.pattern == widgets.window_pattern(C.override(C.tiny(), {"prune.windows": 2}), 0)
@@ -133,14 +133,16 @@ def test_pruning_panel_pattern_follows_window_and_policy(tmp_path):
 
 
 def _window_and_plan(cfg, index):
-    from seamkit import check, prune
+    from seamkit.pruning import rules as prune
+    from seamkit.pruning import study as check
     w = check.load_windows(cfg.data, cfg)[index]
     return w, prune.plan(w), cfg.model.n_blocks
 
 
 def test_pruning_panel_check_builds_the_config_and_shows_the_windows_rows(monkeypatch, tmp_path, reference_dir):
     import json
-    from seamkit import check
+
+    from seamkit.pruning import study as check
     reference = json.loads((reference_dir / "pruning_report.json").read_text())
     calls = []
 

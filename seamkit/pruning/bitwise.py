@@ -1,6 +1,6 @@
 """Exact pruning, bit for bit: the opt-in `--exact bitwise` pruned step (CPU, float32).
 
-The rules and the plan are seamkit.prune's; this module runs them so that the pruned step's
+The rules and the plan are seamkit.pruning.rules's; this module runs them so that the pruned step's
 loss, gradients, update and optimizer state equal the unpruned step's (`prune.base_loss`)
 with torch.equal. The price is work the default arithmetic step (`prune.pruned_loss`) does
 not pay: a calibration on random data for every window, and an attention backward, queries,
@@ -36,8 +36,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .model import GPT, IGNORE, apply_rope, doc_causal_mask, rope_tables
-from .prune import Plan, check_prunable, plan
+from seamkit.model import GPT, IGNORE, apply_rope, doc_causal_mask, rope_tables
+from seamkit.pruning.rules import Plan, check_prunable, plan
 
 # ----------------------------------------------------------------------------- exact weight-gradient GEMMs
 

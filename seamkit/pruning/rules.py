@@ -21,7 +21,7 @@ a boolean mask has a backward on CPU and CUDA alike (the issue's "SDPA over pack
 Nothing is calibrated and nothing is cached: the plan is built inside the step. It is exact in
 arithmetic: every sum has the unpruned step's terms minus exact zeros (pairs the mask hides, rows
 that reach no loss), so in float64 it stays within 1e-12 of `base_loss` (measured ~1e-15) and in
-float32 it differs by rounding, as any reordered sum does. `seamkit.prune_bitwise` is the opt-in
+float32 it differs by rounding, as any reordered sum does. `seamkit.pruning.bitwise` is the opt-in
 (`--exact bitwise`) step that keeps the unpruned step's bits on this CPU, at a cost.
 
 `plan_flops` says what the rules promise in FLOPs (the formulas of
@@ -37,8 +37,8 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.utils import flop_counter
 
-from .config import SeamkitError
-from .model import GPT, IGNORE, apply_rope, doc_causal_mask, lm_loss, rope_tables
+from seamkit.config import SeamkitError
+from seamkit.model import GPT, IGNORE, apply_rope, doc_causal_mask, lm_loss, rope_tables
 
 EXACT = ("arithmetic", "bitwise")  # the pruned step's exactness modes; arithmetic is the default
 

@@ -13,13 +13,13 @@ import math
 
 import torch
 
-from .. import config as C
-from ..config import RunConfig
-from ..seams import traffic_bytes, traffic_ratios
-from ..study import build_report
-from ..train import ARMS
-from .plan import WIRE_DTYPES, Plan
-from .wire import measured_bytes
+from seamkit import config as C
+from seamkit.config import RunConfig
+from seamkit.seams.arm import ARMS
+from seamkit.seams.cuts import traffic_bytes, traffic_ratios
+from seamkit.seams.pipeline.plan import WIRE_DTYPES, Plan
+from seamkit.seams.pipeline.wire import measured_bytes
+from seamkit.seams.report import build_report
 
 
 def _growth(r: dict) -> int | None:
@@ -98,7 +98,7 @@ def assemble(cfg: RunConfig, plan: Plan, parts: dict, backend: str, isolation: s
         "bytes_reference_bf16": traffic_bytes(m, B, len(plan.seams)),
         "micro_batches": plan.micro_batches,
         "queue": plan.queue,
-        "schedule": {"e2e": plan.schedule, "micro_batches": plan.micro_batches, "virtual_stages": plan.virtual,
+        "pipeline_schedule": {"e2e": plan.schedule, "micro_batches": plan.micro_batches, "virtual_stages": plan.virtual,
                      "e2e_segments": plan.e2e_segs, "e2e_owner": plan.owner, "crossings": len(plan.crossings()),
                      "local": f"async, at most {plan.queue} steps of sends in flight"},
         "comparison": f"local vs e2e {plan.schedule} with {plan.micro_batches} micro-batches on {plan.stages} stages",
@@ -117,7 +117,7 @@ def assemble(cfg: RunConfig, plan: Plan, parts: dict, backend: str, isolation: s
 
 def summary(report: dict) -> str:
     """Lines to print under `study.summary_table`: the schedule, measured bytes and bubbles."""
-    s, lines = report["schedule"], []
+    s, lines = report["pipeline_schedule"], []
     for arm, m in report["measured_bytes"].items():
         what = f"e2e {s['e2e']}, {s['micro_batches']} micro-batches" if arm == "e2e" else "local"
         lines.append(f"{what}: measured {m['per_step']:,} B/step over {m['crossings']} crossing(s), analytic "

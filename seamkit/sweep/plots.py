@@ -13,7 +13,7 @@ from pathlib import Path
 
 import plotly.graph_objects as go
 
-from .sweep_stats import summarize
+from seamkit.sweep.stats import summarize
 
 # figure name -> (title, y-axis title, [(key figure, label)], study)
 FIGURES = {
@@ -34,9 +34,9 @@ def load_sweep(sweep_dir) -> dict:
     """DIR/sweep.json; a folder with only a plan (points run elsewhere) is collected first."""
     sweep_dir = Path(sweep_dir)
     if not (sweep_dir / "sweep.json").exists() and (sweep_dir / "plan.json").exists():
-        from .sweep import collect
+        from seamkit.sweep.run import collect
         return collect(sweep_dir)
-    from .sweep import SweepError
+    from seamkit.sweep.run import SweepError
     try:
         return json.loads((sweep_dir / "sweep.json").read_text())
     except FileNotFoundError:

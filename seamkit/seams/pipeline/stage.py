@@ -20,14 +20,14 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from ..config import RunConfig
-from ..data import RowLoader, eval_batches
-from ..model import GPT, autocast, lm_loss, param_dtype
-from ..memory import peak_rss_bytes, reset_peak_memory
-from ..optim import scheduled_lr
-from ..train import Clock, CurveMarks
-from .plan import WIRE_DTYPES, Plan
-from .wire import Tally, Timer, Wire
+from seamkit.config import RunConfig
+from seamkit.data.corpus import RowLoader, eval_batches
+from seamkit.loop import Clock, CurveMarks
+from seamkit.memory import peak_rss_bytes, reset_peak_memory
+from seamkit.model import GPT, autocast, lm_loss, param_dtype
+from seamkit.optim import scheduled_lr
+from seamkit.seams.pipeline.plan import WIRE_DTYPES, Plan
+from seamkit.seams.pipeline.wire import Tally, Timer, Wire
 
 PROGRESS_EVERY_S = 0.25
 SLOW_S = 0.2  # the "slow" fault: this much extra compute per step

@@ -24,8 +24,8 @@ import ipywidgets as W
 import plotly.graph_objects as go
 from IPython.display import display
 
-from . import config as C
-from .plots import SEAMS_ARM_COLORS
+from seamkit import config as C
+from seamkit.ui.plots import SEAMS_ARM_COLORS
 
 ARMS = ("e2e", "local")
 
@@ -89,8 +89,8 @@ class _Table:
 
 def show_seams_report(report: dict) -> None:
     """Display a seams report: its figures, then the summary table."""
-    from .plots import seams_figures
-    from .study import summary_table
+    from seamkit.seams.report import summary_table
+    from seamkit.ui.plots import seams_figures
     for fig in seams_figures(report).values():
         display(fig)
     display(_Table(summary_table(report)))
@@ -98,8 +98,8 @@ def show_seams_report(report: dict) -> None:
 
 def show_pruning_report(report: dict) -> None:
     """Display a pruning report: the check table, then its figures."""
-    from .check import summary_table
-    from .plots import pruning_figures
+    from seamkit.pruning.study import summary_table
+    from seamkit.ui.plots import pruning_figures
     display(_Table(summary_table(report)))
     for fig in pruning_figures(report).values():
         display(fig)
@@ -165,7 +165,7 @@ class SeamsPanel(W.VBox):
         self.budget.value, self.repeats.value = cfg.train.budget_seconds, cfg.seams.repeats
 
     def _on_run(self, _button=None) -> None:
-        from .study import seams_study
+        from seamkit.seams.study import seams_study
         self.result.clear_output()
         self.error = None
         with self.result:  # in a kernel, a traceback shows here, under the panel, not in the log console
@@ -233,7 +233,8 @@ def window_pattern(cfg: C.RunConfig, index: int) -> dict:
     The windows are the ones `check.prune_check` builds from the same config; the model's
     block count is cfg's (use the preset the checkpoint was trained with).
     """
-    from . import check, prune
+    from seamkit.pruning import rules as prune
+    from seamkit.pruning import study as check
     if not 0 <= index < cfg.prune.windows:
         raise C.ConfigError(f"window {index} is outside 0..{cfg.prune.windows - 1} (prune.windows={cfg.prune.windows})")
     w = check.load_windows(cfg.data, cfg)[index]
@@ -301,7 +302,7 @@ class PruningPanel(W.VBox):
                     raise
 
     def _on_pick(self, _change=None) -> None:
-        from .plots import pruning_pattern_figure
+        from seamkit.ui.plots import pruning_pattern_figure
 
         def draw():
             self.pattern = window_pattern(self.build(), self.window.value)
@@ -313,7 +314,7 @@ class PruningPanel(W.VBox):
         self._guard(draw)
 
     def _on_check(self, _button=None) -> None:
-        from .check import prune_check
+        from seamkit.pruning.study import prune_check
 
         def run():
             self.config = self.build()
@@ -331,7 +332,7 @@ class PruningPanel(W.VBox):
 
     def _show_table(self) -> None:
         """The last report's rows for the picked window (noting when the policy has changed since)."""
-        from .check import summary_table
+        from seamkit.pruning.study import summary_table
         if self.report is None:
             self.table.value = "<i>press Check to compare the steps on these windows</i>"
             return

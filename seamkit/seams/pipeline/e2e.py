@@ -24,11 +24,11 @@ import torch
 import torch.nn as nn
 from torch.distributed import pipelining
 
-from ..model import lm_loss
-from ..optim import make_optimizer
-from .plan import SCHEDULE_CLASSES, WIRE_DTYPES
-from .stage import SLOW_S, WHERE, RankRun, fault, stop_requested
-from .wire import Tally, Timer, timed_pipeline_waits
+from seamkit.model import lm_loss
+from seamkit.optim import make_optimizer
+from seamkit.seams.pipeline.plan import SCHEDULE_CLASSES, WIRE_DTYPES
+from seamkit.seams.pipeline.stage import SLOW_S, WHERE, RankRun, fault, stop_requested
+from seamkit.seams.pipeline.wire import Tally, Timer, timed_pipeline_waits
 
 GO, STOP, INTERRUPT = 0, 1, 2  # rank 0's stop flag in the all_reduce
 

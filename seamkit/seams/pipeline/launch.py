@@ -3,7 +3,7 @@
 `launch` (the CLI's `seamkit seams --stages S`, notebooks) starts S fresh processes for each
 arm in turn, so each arm's memory is measured from its own baseline on every rank: rank 0 of
 each arm writes the ranks' results, and `launch` assembles the report. Under torchrun
-(`torchrun --nproc-per-node S -m seamkit.dist`) each rank runs the arms in one process
+(`torchrun --nproc-per-node S -m seamkit.seams.pipeline`) each rank runs the arms in one process
 (`--arm` picks one) and rank 0 writes the report; it then says `arm_isolation` "none".
 
 Faults. A non-finite loss is a `failed` arm (e2e: every rank sees it in the step's all_reduce;
@@ -35,17 +35,18 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
-from .. import config as C
-from ..config import ConfigError, RunConfig, SeamkitError
-from ..data import load_corpus
-from ..model import resolve_device
-from ..report import atomic_write_text, write_report
-from ..train import ARMS, ProgressBars, fanout
-from .assemble import assemble, summary
-from .e2e import E2ERun
-from .local import LocalRun
-from .plan import WIRE_DTYPES, make_plan
-from .stage import WHERE, on_sigint
+from seamkit import config as C
+from seamkit.config import ConfigError, RunConfig, SeamkitError
+from seamkit.data.corpus import load_corpus
+from seamkit.loop import ProgressBars, fanout
+from seamkit.model import resolve_device
+from seamkit.report import atomic_write_text, write_report
+from seamkit.seams.arm import ARMS
+from seamkit.seams.pipeline.assemble import assemble, summary
+from seamkit.seams.pipeline.e2e import E2ERun
+from seamkit.seams.pipeline.local import LocalRun
+from seamkit.seams.pipeline.plan import WIRE_DTYPES, make_plan
+from seamkit.seams.pipeline.stage import WHERE, on_sigint
 
 EVENT = "SEAMKIT_EVENT "  # prefix of the event lines a rank prints for `launch`
 RUNS = {"e2e": E2ERun, "local": LocalRun}
@@ -137,7 +138,7 @@ def launch(cfg: RunConfig, out_path, stages: int | None = None, callback: Callab
            save_state: str | None = None, arms=ARMS) -> dict:
     """Run the seams study as `stages` real pipeline stages; returns the report.
 
-    Each arm runs in S fresh processes (`python -m seamkit.dist`, their own sessions,
+    Each arm runs in S fresh processes (`python -m seamkit.seams.pipeline`, their own sessions,
     rendezvous through a file store). Events (start, point, progress, end) reach `callback` as
     in `study.seams_study`. The first rank that dies stops the others; the report is written
     with that arm failed, then DistError("rank K died: ...") is raised. Ctrl-C here asks rank 0
@@ -191,7 +192,7 @@ def _launch_arm(arm: str, plan, rundir: Path, cb, threads: int, timeout_s: float
     env = {**os.environ, "WORLD_SIZE": str(S), "SEAMKIT_DIST_INIT": f"file://{rundir / (arm + '.store')}",
            "SEAMKIT_DIST_RUNDIR": str(rundir), "SEAMKIT_DIST_EVENTS": "1", "SEAMKIT_DIST_PARENT": str(os.getpid()),
            "OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1"}
-    cmd = [sys.executable, "-m", "seamkit.dist", "--config-json", str(rundir / "config.json"), "--part", str(part),
+    cmd = [sys.executable, "-m", "seamkit.seams.pipeline", "--config-json", str(rundir / "config.json"), "--part", str(part),
            "--arm", arm, "--queue", str(plan.queue), "--wire-dtype", plan.wire_dtype, "--timeout", str(timeout_s)]
     if save_state:
         cmd += ["--save-state", str(save_state)]
@@ -268,7 +269,7 @@ def _watch(procs, logs, offsets, cb, rundir: Path, arm: str) -> None:
             if asked_stop is not None:
                 raise
             asked_stop = time.monotonic()
-            print("seamkit.dist: stopping after this step (Ctrl-C again to stop now)", file=sys.stderr)
+            print("seamkit.seams.pipeline: stopping after this step (Ctrl-C again to stop now)", file=sys.stderr)
             if procs[0].poll() is None:
                 os.kill(procs[0].pid, signal.SIGINT)
 
@@ -356,7 +357,7 @@ def _worker(args) -> int:
             report = assemble(cfg, plan, got["parts"], got["backend"],
                               "none: under torchrun each rank runs the arms in one process (--arm picks one)")
             write_report(args.out, report, "seams")
-            from ..study import summary_table
+            from seamkit.seams.report import summary_table
             print(summary_table(report))
             print(summary(report))
             print(f"report: {args.out}")
@@ -371,7 +372,7 @@ def _worker(args) -> int:
         if not isinstance(e, (SeamkitError, KeyboardInterrupt)) and not _is_comm_error(msg):  # a peer's death: one line
             import traceback
             traceback.print_exc()
-        print(f"seamkit.dist: rank {rank} failed: {msg}", file=sys.stderr, flush=True)
+        print(f"seamkit.seams.pipeline: rank {rank} failed: {msg}", file=sys.stderr, flush=True)
         sys.stdout.flush()
         os._exit(130 if isinstance(e, KeyboardInterrupt) else 1)  # no interpreter teardown with peers gone
 
@@ -380,7 +381,7 @@ def _cli_config(args) -> RunConfig:
     cfg = C.preset(args.preset)
     ov = C.parse_overrides(args.overrides)
     for flag, key in (("budget", "train.budget_seconds"), ("max_steps", "train.max_steps"),
-                      ("threads", "train.threads"), ("seed", "train.seed"), ("schedule", "seams.schedule"),
+                      ("threads", "train.threads"), ("seed", "train.seed"), ("schedule", "seams.pipeline_schedule"),
                       ("micro_batches", "seams.micro_batches")):
         if getattr(args, flag) is not None:
             ov[key] = getattr(args, flag)
@@ -388,7 +389,7 @@ def _cli_config(args) -> RunConfig:
 
 
 def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m seamkit.dist", description="Seams as real pipeline stages")
+    ap = argparse.ArgumentParser(prog="python -m seamkit.seams.pipeline", description="Seams as real pipeline stages")
     ap.add_argument("--preset", default="cpu", choices=sorted(C.PRESETS))
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     ap.add_argument("--budget", type=float, help="seconds per arm (train.budget_seconds)")
@@ -396,8 +397,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--threads", type=int, help="torch threads per rank (train.threads)")
     ap.add_argument("--seed", type=int, help="train.seed")
     ap.add_argument("--stages", type=int, help="without torchrun: launch this many stages")
-    ap.add_argument("--schedule", choices=("auto",) + C.PIPELINE_SCHEDULES,
-                    help="e2e pipeline schedule (seams.schedule; auto: the fastest bench/dist.py measured)")
+    ap.add_argument("--pipeline-schedule", "--schedule", dest="schedule", choices=("auto",) + C.PIPELINE_SCHEDULES,
+                    help="e2e pipeline schedule (seams.pipeline_schedule; auto: the fastest bench/dist.py measured)")
     ap.add_argument("--micro-batches", dest="micro_batches", type=int, help="e2e micro-batches (seams.micro_batches)")
     ap.add_argument("--arm", choices=("both", *ARMS), default="both", help="under torchrun: the arm(s) to run")
     ap.add_argument("--queue", type=int, default=2, help="local: steps of sends a stage may have in flight")
@@ -420,12 +421,12 @@ def main(argv: list[str] | None = None) -> int:
         report = launch(cfg, args.out, args.stages or cfg.seams.stages, queue=args.queue,
                         wire_dtype=args.wire_dtype, timeout_s=args.timeout, save_state=args.save_state)
     except SeamkitError as e:
-        print(f"seamkit.dist: error: {e}", file=sys.stderr)
+        print(f"seamkit.seams.pipeline: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("seamkit.dist: interrupted", file=sys.stderr)
+        print("seamkit.seams.pipeline: interrupted", file=sys.stderr)
         return 130
-    from ..study import summary_table
+    from seamkit.seams.report import summary_table
     print(summary_table(report))
     print(summary(report))
     print(f"report: {args.out}")

@@ -16,11 +16,11 @@ import time
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from .config import RunConfig
-from .data import RowLoader
-from .model import lm_loss, resolve_device
-from .seams import segment_losses
-from .train import ARMS, build_arm, train_step
+from seamkit.config import RunConfig
+from seamkit.data.corpus import RowLoader
+from seamkit.model import lm_loss, resolve_device
+from seamkit.seams.arm import ARMS, build_arm, train_step
+from seamkit.seams.objectives import segment_losses
 
 
 def matmul_peak(device: torch.device, seconds: float = 1.0) -> dict:

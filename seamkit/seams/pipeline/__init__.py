@@ -6,7 +6,7 @@ real pipeline, one process per rank, and every message that crosses a seam is co
 
 What runs where (plan.py). With S ranks the local arm has S segments, cut at the S-1 seams of
 `seams.seams` when that names exactly S-1, else spread evenly. The e2e arm runs a
-torch.distributed.pipelining schedule (`seams.schedule`: gpipe, 1f1b, interleaved1f1b,
+torch.distributed.pipelining schedule (`seams.pipeline_schedule`: gpipe, 1f1b, interleaved1f1b,
 interleavedzb, zbv, dualpipev) with `seams.micro_batches` M per step; the multi-stage schedules
 cut the model into 2S segments and put two on every rank. Every rank builds the whole GPT from
 `train.seed` and keeps its segments, so the weights are those of the single-process arms.
@@ -30,16 +30,16 @@ from each arm's own baseline); a non-finite loss ends the arm on every rank at o
 report still says which rank, arm and step. Ctrl-C writes an `interrupted` report.
 
 Entry points:
-  torchrun --nproc-per-node S -m seamkit.dist --preset tiny --max-steps 5 --out r.json
-  python -m seamkit.dist --stages S --schedule 1f1b --micro-batches 8 ...
+  torchrun --nproc-per-node S -m seamkit.seams.pipeline --preset tiny --max-steps 5 --out r.json
+  python -m seamkit.seams.pipeline --stages S --schedule 1f1b --micro-batches 8 ...
   seamkit seams --stages S --schedule zbv --micro-batches 8 ...
-  seamkit.dist.launch(cfg, out_path, stages)     (from a notebook; returns the report)
+  seamkit.seams.pipeline.launch(cfg, out_path, stages)     (from a notebook; returns the report)
 """
 
-from .assemble import assemble, summary
-from .launch import DistError, launch, main, parser, run_rank
-from .plan import SCHEDULE_CLASSES, WIRE_DTYPES, Plan, make_plan
-from .wire import measured_bytes
+from seamkit.seams.pipeline.assemble import assemble, summary
+from seamkit.seams.pipeline.launch import DistError, launch, main, parser, run_rank
+from seamkit.seams.pipeline.plan import SCHEDULE_CLASSES, WIRE_DTYPES, Plan, make_plan
+from seamkit.seams.pipeline.wire import measured_bytes
 
 __all__ = ["DistError", "Plan", "SCHEDULE_CLASSES", "WIRE_DTYPES", "assemble", "launch", "main", "make_plan",
            "measured_bytes", "parser", "run_rank", "summary"]

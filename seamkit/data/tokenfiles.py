@@ -36,9 +36,18 @@ from pathlib import Path
 import numpy as np
 from tqdm.auto import tqdm
 
-from .data import (SPLITS, Corpus, DataError, corpus_kind, doc_hash, encode_document, get_tokenizer,
-                   iter_documents, split_by_hash)
-from .report import atomic_write_text
+from seamkit.data.corpus import (
+    SPLITS,
+    Corpus,
+    DataError,
+    corpus_kind,
+    doc_hash,
+    encode_document,
+    get_tokenizer,
+    iter_documents,
+    split_by_hash,
+)
+from seamkit.report import atomic_write_text
 
 FORMAT = 1
 META = "meta.json"

@@ -36,10 +36,10 @@ import sys
 import time
 from pathlib import Path
 
-from . import config as C
-from .config import SeamkitError
-from .report import ReportError, atomic_write_text, load_report, write_json
-from .reproduce import NOTEBOOKS, failure_line
+from seamkit import config as C
+from seamkit.config import SeamkitError
+from seamkit.report import ReportError, atomic_write_text, load_report, write_json
+from seamkit.reproduce import NOTEBOOKS, failure_line
 
 ROOT = NOTEBOOKS.parent
 STUDIES = {"seams": ("01_seams.ipynb", "seams.json"), "pruning": ("02_pruning.ipynb", "pruning.json")}
@@ -470,7 +470,7 @@ def load_plan(out_dir) -> dict:
 
 def collect(out_dir, ran: int | None = None, target: float | None = None, figures: bool = True) -> dict:
     """Read every point's files, aggregate, write sweep.json, sweep.csv, sweep_summary.csv, figures."""
-    from .sweep_stats import aggregate, csv_tables
+    from seamkit.sweep.stats import aggregate, csv_tables
     out_dir = Path(out_dir).resolve()
     plan = load_plan(out_dir)
     points = []
@@ -487,8 +487,8 @@ def collect(out_dir, ran: int | None = None, target: float | None = None, figure
     for name, text in csv_tables(sweep).items():
         atomic_write_text(out_dir / name, text)
     if figures:
-        from .reproduce import write_figures
-        from .sweep_plots import sweep_figures
+        from seamkit.reproduce import write_figures
+        from seamkit.sweep.plots import sweep_figures
         write_figures(sweep_figures(sweep), out_dir / "figures", "sweep_")
     return sweep
 

@@ -2,7 +2,7 @@
 
 Follows shared/reference/pruning_report.json. From one checkpoint, on held-out windows, a
 training step (forward, backward, AdamW step) runs in two modes, `base` (the unpruned step)
-and `prune_exact` (seamkit.prune's pruned step), and each is compared with a reference, the
+and `prune_exact` (seamkit.pruning.rules's pruned step), and each is compared with a reference, the
 unpruned step compiled with torch.compile. Every step starts from the checkpoint on copies
 (`training_continued: false`): a `Stepper` holds one working model and optimizer and resets
 both from the checkpoint's tensors before each step.
@@ -12,9 +12,9 @@ gradients, the parameters after `optimizer.step()` and every optimizer state ten
 same comparison of `prune_exact` against `base` and the rule tests (`rule_invariance`) are
 kept in the report as well: they need no compiler.
 
-`prune_exact` runs the pruned step of cfg.prune.exact: `arithmetic` (seamkit.prune, the
+`prune_exact` runs the pruned step of cfg.prune.exact: `arithmetic` (seamkit.pruning.rules, the
 default: every op on the rows it needs; exact in arithmetic, so float64 within 1e-12 and float32
-deltas to the reference reported beside base's own) or `bitwise` (seamkit.prune_bitwise: the
+deltas to the reference reported beside base's own) or `bitwise` (seamkit.pruning.bitwise: the
 unpruned step's bits on this CPU). Either way the timed step holds every cost of pruning: the
 plan, its indices and masks, and (bitwise) the calibration; nothing is kept from one window to
 the next, so `setup_s` is 0. What ran is counted in an untimed step of the same window: the rows
@@ -48,14 +48,15 @@ import torch
 from torch._C._profiler import _EventType
 from tqdm.auto import tqdm
 
-from . import checkpoint as ckpt_mod
-from . import prune, prune_bitwise
-from .config import RunConfig, SeamkitError, tokenizer_vocab
-from .model import GPT, resolve_device
-from .report import provenance, write_report
-from .memory import peak_rss_bytes, reset_peak_memory
-from .optim import make_optimizer
-from .threads import resolve_threads
+from seamkit import checkpoint as ckpt_mod
+from seamkit.config import RunConfig, SeamkitError, tokenizer_vocab
+from seamkit.memory import peak_rss_bytes, reset_peak_memory
+from seamkit.model import GPT, resolve_device
+from seamkit.optim import make_optimizer
+from seamkit.pruning import bitwise as prune_bitwise
+from seamkit.pruning import rules as prune
+from seamkit.report import provenance, write_report
+from seamkit.threads import resolve_threads
 
 MODES = ("base", "prune_exact")
 TOLERANCE = {"float32": 0.0, "float64": 1e-12}  # float32: bitwise is the claim; float64: the issue's bound
@@ -434,7 +435,7 @@ def _load(cfg: RunConfig, checkpoint_path: Path):
 
 def load_windows(data_cfg, cfg: RunConfig) -> list:
     """The study's windows: whole held-out documents, cfg.data.window_positions each."""
-    from . import data
+    from seamkit.data import corpus as data
     try:
         corpus = data.load_corpus(data_cfg)
         return data.make_windows(corpus, cfg.prune.split, cfg.data.window_positions, cfg.prune.policy,
@@ -492,9 +493,9 @@ def prune_check(cfg: RunConfig, checkpoint_path, out_path, windows: list | None 
         "reference": reference.description,
         "reference_kind": kind,
         "exact": exact,
-        "exact_meaning": ("bitwise: prune_exact must equal base bit for bit (seamkit.prune_bitwise)" if exact == "bitwise"
+        "exact_meaning": ("bitwise: prune_exact must equal base bit for bit (seamkit.pruning.bitwise)" if exact == "bitwise"
                           else "arithmetic: every op pruned; float64 within 1e-12 of the reference, float32 deltas "
-                               "reported beside base's own (seamkit.prune)"),
+                               "reported beside base's own (seamkit.pruning.rules)"),
         "setup_s": 0.0,
         "setup": "none: the plan, its indices and masks (and in bitwise mode the calibration) run inside every "
                  "timed pruned step; nothing is reused across windows",

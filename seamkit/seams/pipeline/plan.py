@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ..config import PIPELINE_SCHEDULES, ConfigError, RunConfig
-from ..seams import parse_seams, segments
+from seamkit.config import PIPELINE_SCHEDULES, ConfigError, RunConfig
+from seamkit.seams.cuts import parse_seams, segments
 
 WIRE_DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
 # schedule -> (torch.distributed.pipelining class name, placement of the virtual stages)
@@ -75,7 +75,7 @@ def stage_seams(cfg: RunConfig, stages: int) -> list[int]:
     return seams if len(seams) == stages - 1 else parse_seams(str(stages - 1), n)
 
 
-# seams.schedule=auto: the fastest e2e configuration bench/dist.py measured on CPU (bench/results/dist.json,
+# seams.pipeline_schedule=auto: the fastest e2e configuration bench/dist.py measured on CPU (bench/results/dist.json,
 # cpu preset, one thread a rank): stages -> (schedule, micro-batches per stage). Other stage counts take
 # the nearest measured one; a model with too few blocks for two segments a rank takes 1f1b.
 FASTEST_ON_CPU = {2: ("dualpipev", 2), 4: ("1f1b", 1)}
@@ -127,7 +127,7 @@ def make_plan(cfg: RunConfig, stages: int, queue: int = 2, wire_dtype: str | Non
     """Validate a pipeline run before any process starts; errors a user can act on."""
     n, batch = cfg.model.n_blocks, cfg.data.batch
     seams = stage_seams(cfg, stages)
-    schedule, per_stage = resolve_schedule(cfg.seams.schedule, stages, n, batch)
+    schedule, per_stage = resolve_schedule(cfg.seams.pipeline_schedule, stages, n, batch)
     owner = placement(schedule, stages)
     if len(owner) > n:
         raise ConfigError(f"schedule {schedule} puts {len(owner) // stages} segments on each of {stages} ranks: "

@@ -1,71 +1,23 @@
-"""The seams study: e2e against local under one wall-clock budget, repeated over seeds, one report.
-
-What it runs (`seams_study`): for each of `seams.repeats` seeds (train.seed, +1, ...; both arms
-share each seed: same init, same batches) both arms train under `train.budget_seconds`, each in
-its own process, taking turns in slices (`arms.run_arms`; `seams.order`), so a busy neighbour
-slows both alike. Then, off every clock, in this process:
-
-- equal tokens: both arms' held-out loss at `seams.token_marks` common token counts, the last
-  the largest step both arms kept a snapshot of at or below what the slower arm reached
-  (`arms.Snapshots` keeps a doubling grid of steps, so the last mark is within a grid step of it);
-- time to target: the training seconds each arm needs to reach the held-out loss both arms
-  reach (the worse of the two final losses), linearly interpolated between held-out points
-  (the equal-token marks and the final evaluation);
-- costs (`costs.py`): parameters and FLOPs per token counted on one real step per arm, and MFU
-  against a matmul peak measured here.
-
-The report (`build_report`) keeps the reference's keys at the top level, holding the means over
-seeds (`arms.<arm>.final_loss` is the mean final held-out loss, `loss_curve` the mean curve);
-`repeats[]` keeps every seed's arms; `aggregate` has mean, standard deviation and a 95% interval
-(Student t) for each arm's final loss, tokens/s and memory, and for the paired local-e2e loss gap
-and the local/e2e speed ratio. Memory is reported as the peak and as the growth over each arm's
-own baseline (the RSS its training started from: torch and the corpus are shared, not the arm's).
-The default objective, `aux_head`, is a greedy per-segment next-token head (DGL-style: Belilovsky
-et al., 2020), not InfoPro. Ctrl-C stops the running arms between steps; the report is then
-written with status "interrupted" (it is written atomically, whole or not at all).
+"""The seams report: one seed's arms in the reference's keys (`build_report`), the means and
+intervals over seeds (`study_report`), and the plain-text table the CLI prints (`summary_table`).
 """
 
 from __future__ import annotations
 
 import math
-import shutil
 import statistics
-from pathlib import Path
-from typing import Callable
 
-import torch
-
-from . import arms as A
-from . import resume as R
-from .config import ConfigError, RunConfig, override
-from .costs import arm_costs, matmul_peak
-from .data import load_corpus
-from .model import GPT, autocast, param_dtype, resolve_device
-from .report import gpu_name, provenance, write_report
-from .seams import objective_bytes, objective_ratios, parse_seams, segments, traffic_bytes, traffic_ratios
-from .threads import resolve_threads
-from .train import ARMS, ProgressBars, checkpoint_path, evaluate_model, fanout, held_out, run_arm
+from seamkit.config import RunConfig
+from seamkit.model import resolve_device
+from seamkit.report import gpu_name, provenance
+from seamkit.seams.arm import ARMS
+from seamkit.seams.cuts import parse_seams, segments, traffic_bytes, traffic_ratios
+from seamkit.seams.objectives import objective_bytes, objective_ratios
+from seamkit.stats import stats
 
 OBJECTIVE_NAMES = {"aux_head": "greedy per-segment next-token head over the K most frequent tokens (DGL-style)",
                    "detached_head": "the model's own final norm and LM head, weights detached",
                    "shared_head": "the model's own final norm and LM head, shared by every segment"}
-# two-sided 95% Student t quantiles by degrees of freedom (1..30); beyond, the normal's 1.96
-T95 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
-       2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042]
-
-
-# ----------------------------------------------------------------------------- statistics
-
-def stats(values: list) -> dict | None:
-    """mean, std (n-1), 95% interval of the mean (Student t), n and the values; None if none."""
-    xs = [float(v) for v in values if v is not None and math.isfinite(v)]
-    if not xs:
-        return None
-    n, mean = len(xs), statistics.fmean(xs)
-    std = statistics.stdev(xs) if n > 1 else None
-    half = (T95[n - 2] if n - 1 <= len(T95) else 1.96) * std / math.sqrt(n) if std is not None else None
-    return {"mean": mean, "std": std, "ci95": [mean - half, mean + half] if half is not None else None,
-            "n": n, "values": xs}
 
 
 def _mem(r: dict) -> tuple[int | None, int | None]:
@@ -83,68 +35,6 @@ def _slices(r: dict) -> dict | None:
     return {"n": len(tps), "median_tokens_per_s": statistics.median(tps), "p25": q[0], "p75": q[2],
             "min": min(tps), "max": max(tps), "spread": (max(tps) - min(tps)) / statistics.median(tps)}
 
-
-# ----------------------------------------------------------------------------- equal tokens, time to target
-
-def equal_token_marks(snapshots: dict, steps: dict, marks: int) -> list[int]:
-    """Common snapshot steps at most the slower arm's steps: `marks` of them spread up to the largest."""
-    common = sorted(set.intersection(*({s["step"] for s in snapshots[a]} for a in ARMS)))
-    common = [s for s in common if s <= min(steps.values())]
-    if not common:
-        return []
-    last = common[-1]
-    picked = {min(common, key=lambda s: abs(s - last * j / marks)) for j in range(1, marks + 1)}
-    return sorted(picked)
-
-
-def time_to_target(points: dict, target: float) -> dict:
-    """{arm: seconds} at which each arm's held-out points [(elapsed_s, loss)] first reach `target`,
-    interpolated linearly from the point before; None where an arm never reaches it."""
-    out = {}
-    for arm, pts in points.items():
-        out[arm] = None
-        prev = None
-        for t, loss in sorted(pts):
-            if loss <= target:
-                out[arm] = t if prev is None or prev[1] <= loss else \
-                    prev[0] + (t - prev[0]) * (prev[1] - target) / (prev[1] - loss)
-                break
-            prev = (t, loss)
-    return out
-
-
-def held_out_views(cfg: RunConfig, corpus, results: dict) -> dict:
-    """The equal-token table and time to target of one seed, from the arms' snapshots."""
-    if not all(results.get(a, {}).get("status") == "complete" for a in ARMS):
-        return {"equal_tokens": [], "time_to_target": None}
-    device = resolve_device(cfg.train.device)
-    batches = held_out(corpus, cfg, device=device)
-    per_step = cfg.data.batch * cfg.model.seq
-    snaps = {a: {s["step"]: s for s in results[a].get("snapshots", [])} for a in ARMS}
-    marks = equal_token_marks({a: list(snaps[a].values()) for a in ARMS},
-                              {a: results[a]["steps"] for a in ARMS}, cfg.seams.token_marks)
-    model = GPT(cfg.model).to(device=device, dtype=param_dtype(cfg.train.dtype))
-    rows, points = [], {a: [(results[a]["elapsed_s"], results[a]["final_loss"])] for a in ARMS}
-    for step in marks:
-        row = {"step": step, "tokens": step * per_step}
-        for a in ARMS:
-            s = snaps[a][step]
-            model.load_state_dict(torch.load(s["path"], map_location=device, weights_only=True))
-            loss, err = evaluate_model(model, batches, lambda: autocast(device, cfg.train.dtype))
-            row[a] = {"loss": loss, "stderr": err, "elapsed_s": s["elapsed_s"]}
-            points[a].append((s["elapsed_s"], loss))
-        row["gap_local_minus_e2e"] = row["local"]["loss"] - row["e2e"]["loss"]
-        rows.append(row)
-    target = max(results[a]["final_loss"] for a in ARMS)
-    reach = time_to_target(points, target)
-    return {"equal_tokens": rows, "slower_arm_tokens": min(results[a]["steps"] for a in ARMS) * per_step,
-            "time_to_target": {"target_loss": target, "seconds": reach,
-                               "local_over_e2e": reach["local"] / reach["e2e"]
-                               if reach["e2e"] and reach["local"] is not None else None,
-                               "points": {a: [list(q) for q in sorted(p)] for a, p in points.items()}}}
-
-
-# ----------------------------------------------------------------------------- the report
 
 def _round(v, n):
     return None if v is None else round(v, n)
@@ -229,7 +119,7 @@ def build_report(cfg: RunConfig, results: dict, interrupted: bool = False, isola
         "objective": cfg.seams.objective,
         "objective_method": OBJECTIVE_NAMES[cfg.seams.objective],
         "objective_bytes": {**extra, **objective_ratios(b, extra)},
-        "schedule": cfg.train.schedule,
+        "lr_schedule": cfg.train.lr_schedule,
         "order": cfg.seams.order if isolated else "sequential, in one process",
         "local_over_e2e": {"tokens_per_s": _ratio(local["tokens_per_s"], e2e["tokens_per_s"]),
                            "peak_memory": _ratio(mem(local), mem(e2e)),
@@ -321,98 +211,6 @@ def study_report(cfg: RunConfig, runs: list[dict], interrupted: bool, isolated: 
     return report
 
 
-# ----------------------------------------------------------------------------- the study
-
-def seams_study(cfg: RunConfig, out_path, callback: Callable[[dict], None] | None = None, progress: bool = True,
-                isolate: bool = True, resume: bool = False) -> dict:
-    """Run the study (see the module docstring), write the report atomically, return it.
-
-    `isolate`: each arm in its own spawned process, taking turns (`seams.order`); False runs both
-    here, one after the other (tests, debugging). A script that calls this needs the usual
-    multiprocessing `if __name__ == "__main__":` guard (notebooks and the CLI do not).
-    `resume`: continue the study an earlier call with `out_path` stopped (`seamkit.resume`):
-    finished repeats and ended arms are kept, the other arms go on from their checkpoints.
-    """
-    if cfg.seams.stages > 0:
-        raise ConfigError("seams.stages > 0 asks for real pipeline stages (seamkit.dist); seams_study runs "
-                          "both arms on one device: set seams.stages=0")
-    out_path = Path(out_path)
-    parse_seams(cfg.seams.seams, cfg.model.n_blocks)  # a bad seam spec fails before any training
-    kept = R.load_study(out_path, cfg) if resume else []
-    if resume:  # every checkpoint fits this config, before any training
-        for k in range(cfg.seams.repeats):
-            for arm in ARMS:
-                if checkpoint_path(out_path, arm, k).exists():
-                    R.peek(checkpoint_path(out_path, arm, k), override(cfg, {"train.seed": cfg.train.seed + k}), arm)
-    corpus = load_corpus(cfg.data)  # fills the cache once, and data errors surface here
-    if cfg.train.threads == 0:  # chosen once, so both arms (and every repeat) get the same count
-        started = R.started_threads([R.study_state_path(out_path)] + sorted(
-            R.study_state_path(out_path).parent.glob(f"{out_path.stem}_*.pt"))) if resume else 0
-        cfg = override(cfg, {"train.threads": started or resolve_threads(0)})
-    torch.set_num_threads(cfg.train.threads)
-    costs = arm_costs(cfg, corpus)
-    peak = matmul_peak(resolve_device(cfg.train.device))
-    bars = ProgressBars() if progress else None
-    runs, interrupted = [], False
-    for k in range(cfg.seams.repeats):
-        seed = cfg.train.seed + k
-        c = override(cfg, {"train.seed": seed})
-
-        def cb(event, seed=seed):
-            event = {**event, "seed": seed, "repeat": k}
-            fanout(callback, bars)(event)
-        ckpts = {arm: checkpoint_path(out_path, arm, k) for arm in ARMS}
-        prior = kept[k] if k < len(kept) else {}
-        if prior.get("finished"):
-            runs.append(prior)
-            continue
-        # snapshots live beside the checkpoints until the repeat ends, so a resumed repeat still has them
-        snap_dir = checkpoint_path(out_path, "snapshots", k).with_suffix("")
-        if not resume:
-            shutil.rmtree(snap_dir, ignore_errors=True)
-        results = {a: r for a, r in prior.get("results", {}).items() if r["status"] in R.ENDED}
-        todo = tuple(a for a in ARMS if a not in results)
-        try:
-            if isolate:
-                new, interrupted = A.run_arms(c, ckpts, cb, c.seams.order, snap_dir, arms=todo, resume=resume)
-                results.update(new)
-            else:
-                for arm in todo:
-                    snaps = A.Snapshots(Path(snap_dir) / arm, 8 * c.seams.token_marks)
-                    ckpt = R.load_arm(ckpts[arm], c, arm) if resume and ckpts[arm].exists() else None
-                    if ckpt is not None and ckpt["extra"].get("snapshots"):
-                        snaps.g, snaps.kept = ckpt["extra"]["snapshots"]["g"], ckpt["extra"]["snapshots"]["kept"]
-                    results[arm] = run_arm(arm, c, corpus, callback=cb, checkpoint_path=ckpts[arm],
-                                           after_step=snaps, resume_from=ckpt,
-                                           save_extra=lambda s=snaps: {"snapshots": {"g": s.g, "kept": s.kept}})
-                    results[arm]["snapshots"] = snaps.kept
-                    if results[arm]["status"] == "interrupted":
-                        break
-        except KeyboardInterrupt:
-            interrupted = True
-        interrupted = interrupted or any(r["status"] == "interrupted" for r in results.values())
-        views = {"equal_tokens": [], "time_to_target": None}
-        if not interrupted:
-            try:
-                views = held_out_views(c, corpus, results)
-            except KeyboardInterrupt:
-                interrupted = True
-        if not interrupted:
-            for r in results.values():
-                r.pop("snapshots", None)
-            shutil.rmtree(snap_dir, ignore_errors=True)
-        runs.append({"seed": seed, "results": results, "views": views, "finished": not interrupted})
-        R.save_study(out_path, cfg, runs)
-        if interrupted:
-            break
-    report = study_report(cfg, runs, interrupted, isolate, costs, peak)
-    report["corpus"] = corpus.summary()  # its size in tokens; each arm's `epochs` says how often it was read
-    write_report(out_path, report, "seams")
-    return report
-
-
-# ----------------------------------------------------------------------------- the summary table
-
 def _human_bytes(n) -> str:
     if n is None:
         return "-"
@@ -453,7 +251,7 @@ def summary_table(report: dict) -> str:
     lines = ["  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))) for r in rows]
     if n is not None:
         lines.append(f"({n} seed{'s' if n != 1 else ''} {report.get('seeds')}; mean ± 95% half-width where n > 1; "
-                     f"order {report.get('order')}, schedule {report.get('schedule')})")
+                     f"order {report.get('order')}, LR schedule {report.get('lr_schedule')})")
     reps = report.get("repeats") or []
     if reps and reps[0].get("equal_tokens"):
         lines += ["", "held-out loss at equal tokens (seed " + str(reps[0]["seed"]) + "):",

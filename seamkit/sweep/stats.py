@@ -17,7 +17,7 @@ import io
 import math
 import statistics
 
-from .report import provenance
+from seamkit.report import provenance
 
 ARMS = ("e2e", "local")
 

@@ -25,7 +25,6 @@ import gzip
 import hashlib
 import itertools
 import json
-import os
 import re
 import zipfile
 from dataclasses import dataclass
@@ -35,9 +34,9 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from .config import DataConfig, SeamkitError, check_policy, tokenizer_vocab
-from .model import IGNORE
-from .report import atomic_file
+from seamkit.config import DataConfig, SeamkitError, check_policy, tokenizer_vocab
+from seamkit.model import IGNORE
+from seamkit.report import atomic_file
 
 DATA_DIR = Path(__file__).resolve().parents[1] / "data"  # a checkout's data/ (data/README.md)
 CORPORA_DIR = Path(__file__).resolve().parent / "corpora"  # inside the package, so installs have it too
@@ -269,7 +268,7 @@ def split_by_hash(u: np.ndarray) -> dict[str, list[int]]:
     split (ties are broken by index). val takes the documents with u < 0.01, test those with
     0.01 <= u < 0.02. A corpus of 3 or more documents always gets at least one document in
     val and in test (the lowest u values), and keeps at least one for train. Each split is
-    returned in ascending index order (int64 arrays). Token-file corpora (seamkit.tokens) use the same
+    returned in ascending index order (int64 arrays). Token-file corpora (seamkit.data.tokenfiles) use the same
     function on the hashes they collect while streaming.
     """
     n = len(u)
@@ -359,12 +358,12 @@ def load_corpus(cfg: DataConfig) -> Corpus:
     The cache key is the sha256 of the corpus file's bytes, the tokenizer and CACHE_VERSION,
     so an edited corpus is tokenized again and a cached one loads without reading the text.
     A directory is a token-file corpus from `seamkit data prepare`: it is memory-mapped, not
-    loaded (seamkit.tokens).
+    loaded (seamkit.data.tokenfiles).
     """
     tok = get_tokenizer(cfg.tokenizer)
     path = corpus_path(cfg.corpus)
     if path.is_dir():
-        from .tokens import open_corpus
+        from seamkit.data.tokenfiles import open_corpus
         return open_corpus(path, tok.name)
     try:
         digest = hashlib.sha256(path.read_bytes()).hexdigest()
@@ -412,7 +411,7 @@ class _Stream:
     Every epoch holds the same documents (in an order that may depend on the epoch), so
     every epoch has the same length and (epoch, position) addresses any token. An epoch is
     never joined into one array: `take` copies out only the documents a batch touches, so a
-    memory-mapped corpus (seamkit.tokens) is read a batch at a time. What an epoch costs in
+    memory-mapped corpus (seamkit.data.tokenfiles) is read a batch at a time. What an epoch costs in
     memory is its order and its documents' end positions, 16 bytes per document.
     """
 

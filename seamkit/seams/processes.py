@@ -44,9 +44,9 @@ from typing import Callable
 
 import torch
 
-from .config import RunConfig, from_dict
-from .train import ARMS, Clock, run_arm
-
+from seamkit.config import RunConfig, from_dict
+from seamkit.loop import Clock
+from seamkit.seams.arm import ARMS, run_arm
 
 
 class ChildTraceback(Exception):
@@ -140,7 +140,7 @@ def _arm_worker(arm: str, cfg_dict: dict, ckpt: str | None, q, go, parent: int, 
         snaps = Snapshots(snap_dir, snap_keep) if snap_dir else None
         resume_from = None
         if resume and ckpt and Path(ckpt).exists():
-            from .resume import load_arm
+            from seamkit.resume import load_arm
             resume_from = load_arm(ckpt, cfg, arm)
             turns.slices = list(resume_from["extra"].get("slices") or [])
             if snaps and resume_from["extra"].get("snapshots"):

@@ -25,11 +25,11 @@ import time
 
 import torch
 
-from ..model import autocast, lm_loss
-from ..seams import class_map, make_aux_heads
-from ..optim import make_optimizer
-from ..train import token_counts
-from .stage import SLOW_S, WHERE, RankRun, fault, stop_requested
+from seamkit.model import autocast, lm_loss
+from seamkit.optim import make_optimizer
+from seamkit.seams.arm import token_counts
+from seamkit.seams.objectives import class_map, make_aux_heads
+from seamkit.seams.pipeline.stage import SLOW_S, WHERE, RankRun, fault, stop_requested
 
 GO, STOP, INTERRUPT, FAILED = 1, 0, 2, 3  # control values
 

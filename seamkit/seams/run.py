@@ -1,0 +1,50 @@
+"""`seamkit train`: one e2e arm for the budget, its checkpoint and its summary.json.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+from seamkit.config import RunConfig, override
+from seamkit.loop import ProgressBars, fanout
+from seamkit.report import provenance, write_json
+from seamkit.seams.arm import run_arm
+from seamkit.threads import resolve_threads
+
+
+def train_run(cfg: RunConfig, out_dir, callback: Callable[[dict], None] | None = None,
+              progress: bool = True, resume: bool = False) -> dict:
+    """Train e2e for the budget; writes out_dir/checkpoint.pt and out_dir/summary.json; returns the summary.
+
+    `resume`: continue the run that out_dir/checkpoint.pt stopped (`seamkit.resume`). Ctrl-C
+    stops between steps (a second one at once), so the checkpoint it leaves can be resumed.
+    """
+    from seamkit import resume as R
+    out_dir = Path(out_dir)
+    ckpt = None
+    if resume:
+        path = out_dir / "checkpoint.pt"
+        if not path.exists():
+            raise R.ResumeError(f"cannot resume {out_dir}: no checkpoint.pt there")
+        status = R.peek(path, cfg, "e2e")
+        if status in R.ENDED:
+            raise R.ResumeError(f"nothing to resume in {out_dir}: its run ended {status}")
+        ckpt = R.load_arm(path, cfg, "e2e")
+    if cfg.train.threads == 0:  # chosen once; a resumed run keeps the count it started with
+        started = ckpt["run_config"].train.threads if ckpt is not None else 0
+        cfg = override(cfg, {"train.threads": started or resolve_threads(0)})
+    cb = fanout(callback, ProgressBars() if progress else None)
+    with R.sigint_stops() as stop:
+        r = run_arm("e2e", cfg, callback=cb, checkpoint_path=out_dir / "checkpoint.pt", stop=stop, resume_from=ckpt)
+    summary = {
+        "status": r["status"], "steps": r["steps"], "tokens": r["tokens"], "elapsed_s": r["elapsed_s"],
+        "tokens_per_s": r["tokens_per_s"], "val_loss": r["final_loss"], "val_ppl": r["final_ppl"],
+        "failed_step": r["failed_step"], "checkpoint": r["checkpoint"], "peak_vram_bytes": r["peak_vram_bytes"],
+        "batch": cfg.data.batch, "budget_seconds": cfg.train.budget_seconds,
+        "epochs": r["epochs"], "repeat_warning": r["repeat_warning"],
+        **{k: r[k] for k in ("loss_curve", "loss_curve_steps", "loss_curve_elapsed_s", "loss_curve_tokens")},
+        **provenance(cfg),
+    }
+    write_json(out_dir / "summary.json", summary)
+    return summary
