@@ -38,6 +38,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -57,7 +58,7 @@ def child(corpus: str, budget: float, threads: int) -> dict:
     import torch
 
     from seamkit import config as C
-    from seamkit.data.corpus import load_corpus
+    from seamkit.data.load import load_corpus
     from seamkit.seams.arm import run_arm
     torch.set_num_threads(threads)
     cfg = C.override(C.cpu(), {"train.budget_seconds": budget, "train.threads": threads, "data.corpus": corpus,
@@ -71,13 +72,13 @@ def child(corpus: str, budget: float, threads: int) -> dict:
         if event["kind"] == "progress" and event["step"] >= WARM_STEPS and not warm:
             warm["rss"], warm["step"] = proc_status("VmRSS"), event["step"]
     r = run_arm("e2e", cfg, corpus=c, callback=callback, own_process=True)
-    return {"corpus_tokens": c.n_tokens(), "train_tokens": c.n_tokens("train"), "steps": r["steps"],
-            "tokens_per_s": r["tokens_per_s"], "rss_before_corpus": rss0, "rss_after_corpus": rss1,
-            "rss_train_start": r["rss_start_bytes"], "rss_warm": warm["rss"], "warm_step": warm["step"],
-            "peak_rss": r["peak_rss_bytes"], "open_MiB": (rss1 - rss0) / MiB,
-            "growth_MiB": (r["peak_rss_bytes"] - warm["rss"]) / MiB,
+    return {"corpus_tokens": c.n_tokens(), "train_tokens": c.n_tokens("train"), "steps": r.steps,
+            "tokens_per_s": r.tokens_per_s, "rss_before_corpus": rss0, "rss_after_corpus": rss1,
+            "rss_train_start": r.rss_start_bytes, "rss_warm": warm["rss"], "warm_step": warm["step"],
+            "peak_rss": r.peak_rss_bytes, "open_MiB": (rss1 - rss0) / MiB,
+            "growth_MiB": (r.peak_rss_bytes - warm["rss"]) / MiB,
             "rss_anon_end": proc_status("RssAnon"), "rss_file_end": proc_status("RssFile"),
-            "final_loss": r["final_loss"]}
+            "final_loss": r.final_loss}
 
 
 def loader_pass(corpus: str, n_tokens: float, release_every: int) -> dict:
@@ -87,7 +88,8 @@ def loader_pass(corpus: str, n_tokens: float, release_every: int) -> dict:
 
     from seamkit import config as C
     from seamkit.data import tokenfiles as tokens
-    from seamkit.data.corpus import RowLoader, load_corpus
+    from seamkit.data.load import load_corpus
+    from seamkit.data.rows import RowLoader
     from seamkit.memory import peak_rss_bytes, reset_peak_memory
     tokens.RELEASE_EVERY = release_every
     cfg = C.override(C.cpu(), {"data.corpus": corpus, "data.tokenizer": "bytes"})
@@ -123,7 +125,7 @@ def run_child(corpus: str, budget: float, threads: int, extra=()) -> dict:
 
 def generate(path: Path, target_bytes: int) -> int:
     """A .jsonl of distinct ~2 kB documents made from WordNet glosses; returns its text bytes."""
-    from seamkit.data.corpus import load_documents
+    from seamkit.data.documents import load_documents
     glosses = load_documents("wordnet")
     groups = ["\n".join(glosses[i:i + 25]) for i in range(0, len(glosses), 25)]
     written, copy = 0, 0
@@ -171,7 +173,7 @@ def main() -> None:
     ap.add_argument("--pairs", type=int, default=3, help="interleaved (memory, tokens) pairs")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--workers", type=int, default=2, help="data prepare processes")
-    ap.add_argument("--workdir", default="/tmp/seamkit-bench-data")
+    ap.add_argument("--workdir", default=str(Path(tempfile.gettempdir()) / "seamkit-bench-data"))
     ap.add_argument("--keep", action="store_true", help="keep the generated corpus")
     ap.add_argument("--prepare-only", action="store_true", help="generate and prepare, then stop (implies --keep)")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "data.json"))

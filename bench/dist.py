@@ -54,7 +54,7 @@ def run(cfg: C.RunConfig, S: int, arm: str, out: Path) -> dict:
             "unaccounted_share_per_rank": [round(r["other_s"] / r["elapsed_s"], 3) for r in report["per_rank"][arm]],
             "bytes_per_step": m["per_step"], "analytic_per_step": m["analytic_per_step"],
             "agree": m["agrees"] and m["sent_equals_received"],
-            "peak_rss_bytes": a["peak_rss_bytes"], "peak_rss_growth_bytes": a.get("peak_rss_growth_bytes"),
+            "peak_rss_bytes": a["peak_rss_bytes"], "rss_growth_bytes": a.get("rss_growth_bytes"),
             "wall_s": round(time.perf_counter() - t0, 1)}
 
 

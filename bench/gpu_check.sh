@@ -5,12 +5,13 @@
 #   bench/gpu_check.sh                      # seed preset on CUDA, 60 s per arm, 4 windows
 #   bench/gpu_check.sh --compile            # the same with train.compile=true
 #   bench/gpu_check.sh --preset tiny --device cpu --budget 2 --windows 2 --samples 1 \
-#       --set prune.compile_reference=false                                            # the dry run
+#       --set prune.reference=eager                                            # the dry run
 #
 # 1. `seamkit seams`: e2e and local under a short budget per arm (bf16 autocast on CUDA, clocks
 #    synchronized by the trainer); prints each arm's tokens/s, peak VRAM, an 11-point loss curve
-#    and MFU (model FLOPs per token * tokens/s over the device's peak: the spec's bf16 dense peak
-#    for known GPUs, and a measured matmul peak everywhere).
+#    and MFU, read from the report: its `matmul_peak` and per-arm `costs` (FLOPs per token
+#    counted on one training step, `costs.mfu` over the measured peak), all from seamkit.costs;
+#    for known GPUs also the same counted FLOPs over the data-sheet bf16 peak (costs.spec_peak).
 # 2. `seamkit prune-check` on the e2e checkpoint with the reference's 4 windows (document-masked
 #    attention with a backward, against the compiled reference step); prints the pruned step's
 #    speed-up and memory per window and their medians.
@@ -45,41 +46,22 @@ command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,dri
 echo "== 1. seams study (e2e, then local)"
 "$PY" -m seamkit seams --preset "$PRESET" --budget "$BUDGET" "${SET[@]}" --set train.curve_points=11 \
   --out "$OUT/seams.json"
-"$PY" - "$OUT/seams.json" "$DEVICE" <<'EOF'
-import json, sys, time
-import torch
-from seamkit import config as C
-from seamkit import model as M
+"$PY" - "$OUT/seams.json" <<'EOF'
+import json, sys
+from seamkit import costs
 
-report, device = json.load(open(sys.argv[1])), torch.device(sys.argv[2])
-cfg = C.from_dict(report["run_config"])
-m = cfg.model
-flops_per_token = 6 * (M.param_counts(m)["params"] - m.vocab * m.dim) + 6 * m.n_blocks * m.seq * m.dim
-SPEC_BF16 = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12}  # dense bf16 FLOP/s
-name = torch.cuda.get_device_name(device) if device.type == "cuda" else None
-spec = next((v for k, v in SPEC_BF16.items() if name and k in name), None)
-
-def matmul_peak(n=8192 if device.type == "cuda" else 1024, reps=10):
-    dt = torch.bfloat16 if device.type == "cuda" else torch.float32
-    a, b = torch.randn(n, n, device=device, dtype=dt), torch.randn(n, n, device=device, dtype=dt)
-    best = 0.0
-    for _ in range(5):
-        if device.type == "cuda": torch.cuda.synchronize()
-        t = time.perf_counter()
-        for _ in range(reps): a @ b
-        if device.type == "cuda": torch.cuda.synchronize()
-        best = max(best, reps * 2 * n ** 3 / (time.perf_counter() - t))
-    return best
-
-measured = matmul_peak()
-print(f"device {name or device.type}; model FLOPs/token {flops_per_token / 1e6:.1f} M; matmul peak measured "
-      f"{measured / 1e12:.3g} TFLOP/s" + (f", spec bf16 {spec / 1e12:.0f} TFLOP/s" if spec else ""))
+report = json.load(open(sys.argv[1]))
+peak, spec = report["matmul_peak"], costs.spec_peak(report["gpu"])
+print(f"device {report['gpu'] or report['device']}; matmul peak {peak['flops_per_s'] / 1e12:.3g} TFLOP/s measured "
+      f"by the study ({peak['matmul']})" + (f", spec bf16 {spec / 1e12:.0f} TFLOP/s" if spec else ""))
 for arm, a in report["arms"].items():
-    achieved = a["tokens_per_s"] * flops_per_token
+    c = a.get("costs") or {}
     vram = "-" if a["peak_vram_bytes"] is None else f"{a['peak_vram_bytes'] / 2**30:.2f} GiB"
-    mfu = f"MFU {achieved / spec:.1%} of spec, " if spec else ""
-    print(f"{arm:5s}: {a['tokens_per_s']:,.0f} tok/s ({a['steps']} steps), {mfu}{achieved / measured:.1%} of measured "
-          f"matmul, peak VRAM {vram}, final loss {a['final_loss']}")
+    of_spec = f"MFU {costs.mfu(c['flops_per_token'], a['tokens_per_s'], spec):.1%} of spec, " if spec and c else ""
+    of_peak = "-" if c.get("mfu") is None else f"{c['mfu']:.2%}"
+    flops = "-" if not c else f"{c['flops_per_token'] / 1e6:.1f}"
+    print(f"{arm:5s}: {a['tokens_per_s']:,.0f} tok/s ({a['steps']} steps), {of_spec}{of_peak} of measured matmul, "
+          f"peak VRAM {vram}, final loss {a['final_loss']}, {flops} MFLOP/token counted")
     print(f"       loss curve at s {a['loss_curve_elapsed_s']}")
     print(f"                       {a['loss_curve']}")
 r = report["local_over_e2e"]

@@ -4,7 +4,7 @@ For each case: windows of held-out documents, a model with random weights and an
 holds the moments of one earlier step (as a checkpoint from mid-training does; a fresh AdamW
 would time the one-off allocation of its state in every step), and interleaved pairs of steps
 (base, prune_exact; the order alternates), each from the same starting state. The pruned step's time and memory hold all of pruning: the plan, its indices
-and masks, and in bitwise mode the calibration (check.mode_loss); nothing is set up ahead.
+and masks, and in bitwise mode the calibration (seamkit.pruning.step.mode_loss); nothing is set up ahead.
 
 Per window and case:
 - speed-up: the median over interleaved pairs of prune_exact words/s over base words/s;
@@ -25,11 +25,11 @@ vocab) buffers again; `cached`, glibc told to keep freed memory (MALLOC_MMAP_THR
 friends), the strongest base: at a Qwen vocabulary the base step's page faults cost about half
 its time, and pruning saves them too.
 
-Targets (issue #10): cpu preset, completion and random:0.5, >= 1.00x on every window; Qwen
+Targets: cpu preset, completion and random:0.5, >= 1.00x on every window; Qwen
 vocabulary, dim 128, 4 blocks, random:0.5, >= 1.6x and >= 85% of the measured-FLOP ceiling;
 peak memory lower than base everywhere.
 
-    python bench/prune.py --threads 1 --out bench/results/prune.json     # the three issue cases
+    python bench/prune.py --threads 1 --out bench/results/prune.json     # the three target cases
     python bench/prune.py --cases big-random --pairs 3 --exact bitwise
 """
 
@@ -53,9 +53,13 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from seamkit import config as C  # noqa: E402
+from seamkit.costs import measured_flops
 from seamkit.model import GPT  # noqa: E402
 from seamkit.pruning import rules as prune  # noqa: E402
-from seamkit.pruning import study as check
+from seamkit.pruning.compare import DIFFERENCES, compare, differences_zero  # noqa: E402
+from seamkit.pruning.step import MODES, Stepper, mode_loss  # noqa: E402
+from seamkit.pruning.study import load_windows, to_device  # noqa: E402
+from seamkit.pruning.timing import GiB, profiled_peak_bytes, timed_sample  # noqa: E402
 from seamkit.report import atomic_write_text  # noqa: E402
 
 BIG = {"data.tokenizer": "qwen", "model.vocab": 151936, "model.n_blocks": 4}
@@ -72,7 +76,7 @@ TARGETS = {"cpu-completion": {"min_speedup_every_window": 1.0}, "cpu-random": {"
 
 
 def max_delta(d: dict) -> float:
-    return max(d[k] for k in ("loss_delta", "gradient_max", "parameter_update_max", "optimizer_state_max"))
+    return max(d[k] for k in DIFFERENCES)
 
 
 GEMM_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::_scaled_dot_product_flash_attention_for_cpu",
@@ -94,23 +98,23 @@ def time_split(stepper, fn) -> dict:
 
 
 def run_window(stepper, cfg, w, wi: int, pairs: int, exact: str, device) -> dict:
-    fns = {m: check.mode_loss(m, w, exact) for m in check.MODES}
-    got = {m: stepper.step(fns[m]) for m in check.MODES}  # warm-up, and the exactness of this window
-    delta = check.compare(got["base"], got["prune_exact"])
+    fns = {m: mode_loss(m, w, exact) for m in MODES}
+    got = {m: stepper.step(fns[m]) for m in MODES}  # warm-up, and the exactness of this window
+    delta = compare(got["base"], got["prune_exact"])
     flops = {}
-    for m in check.MODES:
+    for m in MODES:
         stepper.reset()
-        flops[m] = prune.measured_flops(lambda: fns[m](stepper.model))
+        flops[m] = measured_flops(lambda: fns[m](stepper.model))
     planned = prune.plan_flops(cfg.model, prune.plan(w))
-    peak = {m: (check.timed_sample(stepper, fns[m], w.words, device)["allocated_GiB"] * check.GiB
-                if device.type == "cuda" else check.profiled_peak_bytes(stepper, fns[m])) for m in check.MODES}
-    samples = {m: [] for m in check.MODES}
+    peak = {m: (timed_sample(stepper, fns[m], w.words, device)["allocated_GiB"] * GiB
+                if device.type == "cuda" else profiled_peak_bytes(stepper, fns[m])) for m in MODES}
+    samples = {m: [] for m in MODES}
     for k in range(pairs):
-        order = check.MODES if k % 2 == 0 else check.MODES[::-1]
+        order = MODES if k % 2 == 0 else MODES[::-1]
         for m in order:
-            samples[m].append(check.timed_sample(stepper, fns[m], w.words, device)["seconds"])
+            samples[m].append(timed_sample(stepper, fns[m], w.words, device)["seconds"])
     # profiled after the timed pairs, so a caching allocator's heap has grown as in the timed steps
-    split = {m: time_split(stepper, fns[m]) for m in check.MODES} if device.type == "cpu" else None
+    split = {m: time_split(stepper, fns[m]) for m in MODES} if device.type == "cpu" else None
     speedups = [b / p for b, p in zip(samples["base"], samples["prune_exact"])]
     p = prune.plan(w)
     return {"window": wi, "positions": p.positions, "live": len(p.live), "targets": len(p.target),
@@ -121,26 +125,26 @@ def run_window(stepper, cfg, w, wi: int, pairs: int, exact: str, device) -> dict
                       "plan_ceiling": planned["base"] / planned["pruned"]},
             "time_split": split, "gemm_time_ratio": split and split["base"]["gemm_s"] / split["prune_exact"]["gemm_s"],
             "other_time_ratio": split and split["base"]["other_s"] / split["prune_exact"]["other_s"],
-            "max_delta_vs_base": max_delta(delta), "bitwise_vs_base": check.differences_zero(delta)}
+            "max_delta_vs_base": max_delta(delta), "bitwise_vs_base": differences_zero(delta)}
 
 
 def run_case(name: str, windows: int, pairs: int, exact: str, device: torch.device, seed: int = 0) -> dict:
     preset, overrides = CASES[name]
     cfg = C.override(C.preset(preset), {**overrides, "prune.windows": windows})
-    ws = check.load_windows(cfg.data, cfg)
+    ws = load_windows(cfg.data, cfg)
     torch.manual_seed(seed)
     weights = GPT(cfg.model).state_dict()
-    stepper = check.Stepper(cfg.model, weights, None, cfg, torch.float32, device)
+    stepper = Stepper(cfg.model, weights, None, cfg, torch.float32, device)
     first = next((w for w in ws if bool(w.loss_mask.any())), None)
     if first is not None:  # a step from the middle of training: AdamW's moments exist, as in a checkpoint
-        stepper.step(check.mode_loss("base", check._move(first, device), exact))
-        stepper = check.Stepper(cfg.model, weights, stepper.opt.state_dict(), cfg, torch.float32, device)
+        stepper.step(mode_loss("base", to_device(first, device), exact))
+        stepper = Stepper(cfg.model, weights, stepper.opt.state_dict(), cfg, torch.float32, device)
     rows, skipped = [], 0
     for wi, w in enumerate(ws):
         if not bool(w.loss_mask.any()):
             skipped += 1
             continue
-        r = run_window(stepper, cfg, check._move(w, device), wi, pairs, exact, device)
+        r = run_window(stepper, cfg, to_device(w, device), wi, pairs, exact, device)
         rows.append(r)
         print(f"  {name} window {wi}: N={r['positions']} live={r['live']} targets={r['targets']} "
               f"speed-up {r['speedup']:.3f} (FLOP ceiling {r['flops']['ceiling']:.3f}) memory {r['memory_ratio']:.3f} "

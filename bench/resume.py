@@ -35,7 +35,7 @@ OVERRIDES = {"train.max_steps": STEPS, "train.budget_seconds": 0.0}
 CHILD = r"""
 import json, sys, time
 from seamkit import config as C
-from seamkit import resume as R
+from seamkit.seams import resume as R
 from seamkit.seams.study import seams_study
 from seamkit.seams.run import train_run
 kind, out, resume = sys.argv[1], sys.argv[2], sys.argv[3] == "1"

@@ -11,11 +11,12 @@ order    The study itself (`seamkit.study`), interleaved against sequential, on 
 switch   What taking turns costs, without the noise of separate processes: both arms in one pair
          of processes, phases of long slices (sequential-like) and of the study's short slices
          alternating; each arm's tokens/s in short-slice phases over the long ones around them.
-arms     (the earlier benchmark, below) MFU of e2e, then local/e2e throughput and memory:
+arms     MFU of e2e, then local/e2e throughput and memory, and where a step goes:
 
-1. This machine's matmul FLOP/s (a square float32 matmul) and the e2e arm's achieved model
-   FLOP/s in the same run: MFU = achieved / measured. Model FLOPs per token: 6 * (params without
-   the embedding table) + 6 * n_blocks * seq * dim (causal attention scores and values, fwd+bwd).
+1. The e2e arm's MFU by the study's own path (seamkit.costs): FLOPs per token counted by
+   FlopCounterMode on one real training step (seamkit.seams.costs.arm_costs), the matmul peak
+   measured in the same run (seamkit.costs.matmul_peak), and seamkit.costs.mfu; for the same
+   tokens/s it is the figure the study's report gives.
 2. local/e2e tokens/s and peak-memory ratios for each objective and each seam count, every arm
    in its own process (arms.run_arm_isolated) so peak RSS is per arm. e2e runs first and last;
    ratios use the mean of the two (the machine may be shared).
@@ -49,24 +50,23 @@ import torch.nn.functional as F
 
 from seamkit import config as C
 from seamkit import optim as OPT
-from seamkit.data.corpus import RowLoader, load_corpus
-from seamkit.model import lm_loss, param_counts
+from seamkit.costs import matmul_peak, mfu
+from seamkit.data.load import load_corpus
+from seamkit.data.rows import RowLoader
+from seamkit.model import lm_loss, resolve_device
 from seamkit.report import atomic_write_text
 from seamkit.seams import arm as T
 from seamkit.seams import processes as A
 from seamkit.seams import study as S
-from seamkit.seams.costs import matmul_peak
+from seamkit.seams.costs import arm_costs
 
 
-def matmul_flops(seconds: float = 2.0) -> float:
-    """Best FLOP/s of a square float32 matmul (seamkit.seams.costs.matmul_peak, the study's own probe)."""
-    return matmul_peak(torch.device("cpu"), seconds)["flops_per_s"]
-
-
-def model_flops_per_token(cfg: C.RunConfig) -> float:
-    m = cfg.model
-    n = param_counts(m)["params"] - m.vocab * m.dim  # the embedding is a lookup, the LM head a matmul
-    return 6 * n + 6 * m.n_blocks * m.seq * m.dim
+def e2e_mfu(costs: dict, peak: dict, tokens_per_s: dict) -> dict:
+    """The e2e arm's MFU for each throughput {label: tokens/s}: `arm_costs`' counted FLOPs per
+    token over `matmul_peak`, by `seamkit.costs.mfu`, as the study's report computes it."""
+    f = costs["e2e"]["flops_per_token"]
+    return {label: {"tokens_per_s": tps, "flops_per_s": f * tps, "mfu": mfu(f, tps, peak["flops_per_s"])}
+            for label, tps in tokens_per_s.items()}
 
 
 # ----------------------------------------------------------------------------- where the time goes
@@ -201,7 +201,8 @@ import sys, time, torch
 from seamkit import config as C
 from seamkit import optim as OPT
 from seamkit.seams import arm as T
-from seamkit.data.corpus import RowLoader, load_corpus
+from seamkit.data.load import load_corpus
+from seamkit.data.rows import RowLoader
 threads, steps = int(sys.argv[1]), int(sys.argv[2])
 if threads < 0:  # seamkit's default: chosen at start from the other processes' load
     from seamkit.threads import resolve_threads
@@ -248,7 +249,7 @@ def probe(threads: int, policy: str | None, steps: int) -> float:
 PROBE_THREADS: list[int] = []  # the thread count each probe ran with
 
 
-ISSUE_QUIET = 7400.0  # issue #12: the quiet 2-thread tokens/s the default must stay within 5% of
+ISSUE_QUIET = 7400.0  # the quiet 2-thread tokens/s the default must stay within 5% of
 
 
 def threads_part(args) -> dict:
@@ -441,11 +442,11 @@ def main(argv=None) -> int:
     local_cfgs = {(o, n): C.override(cfg, {"seams.objective": o, "seams.seams": n})
                   for o in args.objectives.split(",") for n in args.seams.split(",")}
     tokens_per_step = cfg.data.batch * cfg.model.seq
-    flops_per_token = model_flops_per_token(cfg)
-
-    peak = matmul_flops()
+    costs = arm_costs(cfg, corpus)  # the study's count: one real training step per arm
+    flops_per_token = costs["e2e"]["flops_per_token"]
+    peak = matmul_peak(resolve_device(cfg.train.device))
     print(f"preset {args.preset}: {cfg.model}, batch {cfg.data.batch}; torch threads {torch.get_num_threads()}; "
-          f"matmul {peak / 1e9:.1f} GFLOP/s (1024^2 float32)", flush=True)
+          f"matmul {peak['flops_per_s'] / 1e9:.1f} GFLOP/s ({peak['matmul']})", flush=True)
 
     # 1. throughput, interleaved in one process
     steps = interleaved_step_seconds({"e2e": ("e2e", cfg), **{k: ("local", c) for k, c in local_cfgs.items()}},
@@ -455,8 +456,8 @@ def main(argv=None) -> int:
     # 2. budget runs, each arm in its own process (peak RSS per arm)
     def budget_run(name, c):
         r, _ = A.run_arm_isolated(name, c)
-        r["mem"] = r["peak_vram_bytes"] if r["peak_vram_bytes"] is not None else r["peak_rss_bytes"]
-        r["mem_train"] = r["mem"] - r["rss_start_bytes"] if r["peak_vram_bytes"] is None else r["mem"]
+        r["mem"] = r.peak_vram_bytes if r.peak_vram_bytes is not None else r.peak_rss_bytes
+        r["mem_train"] = r["mem"] - r.rss_start_bytes if r.peak_vram_bytes is None else r["mem"]
         label = f"{name} {c.seams.objective} {c.seams.seams}" if name == "local" else name
         print(f"  budget run {label}: {r['steps']} steps, {r['tokens_per_s']:,.0f} tok/s, final loss "
               f"{r['final_loss']:.4f}, peak {r['mem'] / 2**20:.0f} MiB (+{r['mem_train'] / 2**20:.0f} MiB "
@@ -471,11 +472,12 @@ def main(argv=None) -> int:
 
     e2e_tps_interleaved = tokens_per_step / steps["e2e"]
     print()
-    for label, tps in (("interleaved median step", e2e_tps_interleaved),
-                       ("budget runs (mean of first and last)", e2e_mean("tokens_per_s"))):
-        achieved = flops_per_token * tps
-        print(f"e2e MFU, {label}: {tps:,.0f} tok/s x {flops_per_token / 1e6:.2f} MFLOP/token = "
-              f"{achieved / 1e9:.2f} GFLOP/s = {achieved / peak:.1%} of the measured matmul")
+    mfus = e2e_mfu(costs, peak, {"interleaved median step": e2e_tps_interleaved,
+                                 "budget runs (mean of first and last)": e2e_mean("tokens_per_s")})
+    for label, m in mfus.items():
+        print(f"e2e MFU, {label}: {m['tokens_per_s']:,.0f} tok/s x {flops_per_token / 1e6:.2f} MFLOP/token "
+              f"(counted, one training step) = {m['flops_per_s'] / 1e9:.2f} GFLOP/s = {m['mfu']:.1%} of the "
+              "measured matmul")
     tps = ", ".join(f"{r['tokens_per_s']:,.0f}" for r in e2e_runs)
     losses = ", ".join(f"{r['final_loss']:.4f}" for r in e2e_runs)
     print(f"e2e budget runs (first, last): {tps} tok/s; final loss {losses}")
@@ -512,7 +514,7 @@ def main(argv=None) -> int:
     if args.json:
         drop = ("loss_curve_segments",)
         Path(args.json).write_text(json.dumps({
-            "matmul_flops": peak, "flops_per_token": flops_per_token,
+            "matmul_peak": peak, "costs": costs, "e2e_mfu": mfus,
             "interleaved_step_s": {str(k): v for k, v in steps.items()},
             "e2e": [{k: v for k, v in r.items() if k not in drop} for r in e2e_runs],
             "local": [{"objective": o, "seams": n, **{k: v for k, v in r.items() if k not in drop}}

@@ -1,7 +1,6 @@
 """Checkpoints: model, optimizer state, config, data position and RNG state, written atomically.
 
-Kept out of train.py (STYLE.md's layout has no home for it) because three modules read
-checkpoints: the trainers write them, the pruning study starts from one, the CLI inspects
+A core module, because both studies and the CLI read checkpoints: the trainers write them, the pruning study starts from one, the CLI inspects
 them. A checkpoint's id is "s" + the first 14 hex digits of the SHA-256 of its tensors; a
 report names it "<file stem>:<id>", as the reference report's "source:s759065ebb1a060".
 

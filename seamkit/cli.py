@@ -169,19 +169,20 @@ def cmd_data_prepare(args) -> int:
 
 
 def cmd_sweep(args) -> int:
+    from seamkit.sweep import plan as P
     from seamkit.sweep import run as S
     from seamkit.sweep.plots import failures, sweep_table
     if args.collect:
         if args.study or args.grid or args.emit_jobs:
-            raise S.SweepError("--collect DIR takes no study, --grid or --emit-jobs")
+            raise P.SweepError("--collect DIR takes no study, --grid or --emit-jobs")
         result = S.collect(Path(args.collect), target=args.target)
         out = Path(args.collect)
     else:
         if not args.study or not args.out:
-            raise S.SweepError("give a study (seams or pruning) and --out DIR, or --collect DIR")
+            raise P.SweepError("give a study (seams or pruning) and --out DIR, or --collect DIR")
         if not args.grid:
-            raise S.SweepError("give at least one --grid KEY=V1,V2,...")
-        plan = S.make_plan(args.study, S.parse_grid(args.grid), args.out, preset=args.preset, repeats=args.repeats,
+            raise P.SweepError("give at least one --grid KEY=V1,V2,...")
+        plan = P.make_plan(args.study, P.parse_grid(args.grid), args.out, preset=args.preset, repeats=args.repeats,
                            overrides=C.parse_overrides(args.overrides), checkpoint=args.checkpoint, jobs=args.jobs,
                            threads=args.threads, target=args.target)
         if args.emit_jobs:

@@ -1,7 +1,7 @@
 """Configuration: one dataclass per concern, composed into one `RunConfig`.
 
 Presets derive from each other (torchtitan style): `seed` is the reference run of
-`shared/reference/seams_report.json`, `cpu` the default for a 2-core machine, `tiny` the
+the reference seams report (docs/reference.md), `cpu` the default for a 2-core machine, `tiny` the
 one the tests use. `override` is the single way to change a config, shared by the CLI,
 papermill parameters and the widgets; it rejects unknown keys and wrong types.
 """
@@ -17,7 +17,6 @@ TOKENIZERS = ("qwen", "bytes")
 OBJECTIVES = ("aux_head", "detached_head", "shared_head")
 PIPELINE_SCHEDULES = ("gpipe", "1f1b", "interleaved1f1b", "interleavedzb", "zbv", "dualpipev")  # seamkit.seams.pipeline e2e
 DTYPES = ("float32", "float64", "bfloat16")
-PRUNE_MODES = ("base", "prune_exact")
 LR_SCHEDULES = ("budget", "steps")
 ORDERS = ("interleaved", "sequential")
 
@@ -89,12 +88,11 @@ class TrainConfig:
     device: str = "auto"  # "auto" (cuda if present), "cpu" or "cuda"
     dtype: str = "float32"  # parameter dtype on CPU; on CUDA float32 weights run under bf16 autocast
     threads: int = 0  # torch threads; 0: cores left free by other processes at start (seamkit.threads), cores/S on stages
-    eval_batches: int = 8  # held-out batches for the final loss
     curve_points: int = 41  # training-loss points spread over the budget, the first at step 0
     checkpoint_every_s: float = 0.0  # also checkpoint during training every this many seconds; 0: only at the end
     lr_schedule: str = "budget"  # "budget": warm-up and cosine follow the share of the budget spent; "steps": by step
     warmup_frac: float = 0.02  # budget schedule: warm-up share of the run (from the floor to the peak)
-    eval_tokens: int = 0  # held-out tokens for each evaluation (whole batches; the val split if smaller); 0: eval_batches
+    eval_tokens: int = 32768  # held-out tokens of every evaluation: whole batches (at least one), the val split if smaller
     compile: bool = False  # torch.compile each block for training (seamkit.accel); meant for CUDA
 
     def __post_init__(self):
@@ -102,7 +100,7 @@ class TrainConfig:
             raise ConfigError("train.budget_seconds or train.max_steps must be positive")
         if self.max_steps < 0:
             raise ConfigError(f"train.max_steps must be >= 0, got {self.max_steps}")
-        _positive("train", lr=self.lr, eval_batches=self.eval_batches)
+        _positive("train", lr=self.lr, eval_tokens=self.eval_tokens)
         if self.curve_points < 2:
             raise ConfigError(f"train.curve_points must be >= 2, got {self.curve_points}")
         if self.device not in ("auto", "cpu", "cuda"):
@@ -115,8 +113,6 @@ class TrainConfig:
             raise ConfigError(f"train.lr_schedule must be one of {LR_SCHEDULES}, got {self.lr_schedule!r}")
         if not 0.0 <= self.warmup_frac < 1.0:
             raise ConfigError(f"train.warmup_frac must be in [0, 1), got {self.warmup_frac}")
-        if self.eval_tokens < 0:
-            raise ConfigError(f"train.eval_tokens must be >= 0, got {self.eval_tokens}")
 
 
 @dataclass
@@ -124,7 +120,7 @@ class SeamsConfig:
     seams: str = "all"  # "all" (after every block but the last), a count "3", or block indices "1,3,5"
     objective: str = "aux_head"  # local objective: aux_head, detached_head or shared_head
     aux_classes: int = 8192  # aux_head: K most frequent training tokens (+1 "other"), capped at vocab
-    stages: int = 0  # >0: run as real pipeline stages on torch.distributed (issue: seamkit.seams.pipeline)
+    stages: int = 0  # >0: run as real pipeline stages on torch.distributed (seamkit.seams.pipeline)
     order: str = "interleaved"  # "interleaved": the arms take turns in slices; "sequential": e2e, then local
     slice_seconds: float = 2.0  # interleaved: training seconds an arm runs before the other takes its turn
     repeats: int = 1  # seeds train.seed, train.seed+1, ...; both arms share each seed (paired)
@@ -153,7 +149,6 @@ class PruneConfig:
     policy: str = "completion"  # loss policy: all, completion or random:<p>
     split: str = "test"  # held-out split the windows come from
     dtype: str = "float32"  # float32 or float64 (the 1e-12 check)
-    compile_reference: bool = True  # false: the same as reference="eager"
     reference: str = "inductor"  # inductor: torch.compile of the unpruned step; eager: the eager step, asked for
     exact: str = "arithmetic"  # arithmetic: pruned on every op (float64 within 1e-12); bitwise: CPU bits, slower
 
@@ -226,7 +221,7 @@ def cpu() -> RunConfig:
     c.model = ModelConfig(vocab=tokenizer_vocab("bytes"), dim=128, n_blocks=8, n_heads=4, seq=128, mlp_mult=4)
     c.data = dataclasses.replace(c.data, tokenizer="bytes", window_positions=1024)
     c.train = dataclasses.replace(c.train, budget_seconds=45.0, lr=1e-3, warmup_steps=20, decay_steps=2000,
-                                  eval_batches=8, eval_tokens=65536)
+                                  eval_tokens=65536)
     c.seams = dataclasses.replace(c.seams, aux_classes=256, repeats=3)  # 3 x 2 x 45 s: make reproduce in < 10 min
     c.prune = dataclasses.replace(c.prune, windows=4, samples=3)
     return c
@@ -239,7 +234,7 @@ def tiny() -> RunConfig:
     c.model = dataclasses.replace(c.model, dim=32, n_blocks=4, n_heads=2, seq=32)
     c.data = dataclasses.replace(c.data, batch=4, window_positions=256)
     c.train = dataclasses.replace(c.train, budget_seconds=3.0, max_steps=0, warmup_steps=2, decay_steps=50,
-                                  eval_batches=2, eval_tokens=0, curve_points=5)
+                                  eval_tokens=256, curve_points=5)  # 2 batches
     c.seams = dataclasses.replace(c.seams, aux_classes=32, repeats=1)
     c.prune = dataclasses.replace(c.prune, windows=2, samples=2, warmup=1)
     return c
@@ -350,8 +345,33 @@ def parse_overrides(pairs: list[str]) -> dict:
     return out
 
 
+# Keys an earlier seamkit wrote into checkpoints and reports: renamed keys move to their new name,
+# retired ones become the setting they stood for. Anything else unknown is an error.
+RENAMED = {("train", "schedule"): "lr_schedule", ("seams", "schedule"): "pipeline_schedule"}
+
+
+def upgrade(d: dict) -> dict:
+    """A saved config dict in this version's keys (a copy)."""
+    d = {k: dict(v) if isinstance(v, dict) else v for k, v in d.items()}
+    for (section, old), new in RENAMED.items():
+        part = d.get(section, {})
+        if old in part and new not in part:
+            part[new] = part.pop(old)
+    train, prune = d.get("train", {}), d.get("prune", {})
+    if "eval_batches" in train:  # eval_tokens 0 meant: this many held-out batches
+        n = train.pop("eval_batches")
+        if not train.get("eval_tokens"):
+            train["eval_tokens"] = (n * d.get("data", {}).get("batch", DataConfig.batch)
+                                    * d.get("model", {}).get("seq", ModelConfig.seq))
+    if "compile_reference" in prune and not prune.pop("compile_reference"):
+        prune["reference"] = "eager"
+    return d
+
+
 def from_dict(d: dict) -> RunConfig:
-    """Rebuild a RunConfig from `to_dict()` output (checkpoints, reports); unknown keys are errors."""
+    """Rebuild a RunConfig from `to_dict()` output (checkpoints, reports; `upgrade`d first);
+    unknown keys are errors."""
+    d = upgrade(d)
     try:
         parts = {}
         for f in dataclasses.fields(RunConfig):

@@ -1,5 +1,24 @@
-"""The wall-clock budget loop every arm runs, its clock, its loss-curve marks, held-out
-evaluation and the progress callbacks.
+"""The wall-clock budget loop every arm runs on every placement, its clock, its loss-curve marks,
+held-out evaluation and the progress callbacks.
+
+Loss curve (`train.curve_points` = P points): mark j < P-1 sits at time j*budget/(P-1) or at
+step round(j*(max_steps-1)/(P-1)), whichever comes first; point j is the first step that starts
+at or after mark j (a step that starts after several marks fills each of them), and the last
+point is the last step. A run that completes has exactly P points: marks no step started after
+(the budget ended inside a long step) are filled by the last step. Each point is that step's
+training loss before its update (the first is step 0, about ln(vocab)), with the LR it used.
+For local it is the last segment's loss, i.e. the model's own LM loss on that batch;
+`loss_curve_segments` keeps every segment's.
+
+Callback events (`callback(event: dict)`, called off the clock):
+  {"kind": "start", "arm", "budget_seconds", "max_steps", "tokens_per_step", "segments", "objective"}
+  {"kind": "point", "arm", "index", "step", "elapsed_s", "tokens", "loss", "lr", "segment_losses"}
+      one per loss_curve point, as it happens (index = its place in loss_curve)
+  {"kind": "progress", "arm", "step", "elapsed_s", "tokens", "loss", "tokens_per_s", "fraction"}
+      at most about 4 a second and once when training stops; step = steps done,
+      fraction = share of the budget (or of max_steps) used
+  {"kind": "end", "arm", "status", "result"}
+      after evaluation and the checkpoint; result is `run_arm`'s dict
 """
 
 from __future__ import annotations
@@ -12,7 +31,7 @@ from typing import Callable
 import torch
 
 from seamkit.config import RunConfig, TrainConfig
-from seamkit.data.corpus import RowLoader, eval_batches
+from seamkit.data.rows import RowLoader, eval_batches
 from seamkit.model import GPT, lm_loss
 from seamkit.optim import (
     scheduled_lr,
@@ -22,17 +41,13 @@ PROGRESS_EVERY_S = 0.25  # progress events at most this often (training time)
 
 
 def held_out(corpus, cfg: RunConfig, device="cpu") -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """The held-out batches every evaluation reads: the val split, never the training one.
-
-    `train.eval_tokens` tokens in whole batches (at least one), the whole split when it is
-    smaller; with eval_tokens 0, `train.eval_batches` batches.
-    """
+    """The held-out batches every evaluation reads, on every placement: the val split, never the
+    training one, `train.eval_tokens` tokens in whole batches (at least one), the whole split when
+    it is smaller."""
     per_batch = cfg.data.batch * cfg.model.seq
-    n = cfg.train.eval_batches
-    if cfg.train.eval_tokens > 0:
-        ids = corpus.split_docs("val")
-        split_tokens = int((corpus.offsets[ids + 1] - corpus.offsets[ids]).sum())
-        n = max(1, math.ceil(min(cfg.train.eval_tokens, split_tokens - 1) / per_batch))
+    ids = corpus.split_docs("val")
+    split_tokens = int((corpus.offsets[ids + 1] - corpus.offsets[ids]).sum())
+    n = max(1, math.ceil(min(cfg.train.eval_tokens, split_tokens - 1) / per_batch))
     return eval_batches(corpus, "val", cfg.data.batch, cfg.model.seq, n, device=device)
 
 
@@ -43,9 +58,15 @@ def evaluate_model(model: GPT, batches, autocast_ctx=contextlib.nullcontext) -> 
     model.eval()
     try:
         with autocast_ctx():
-            losses = torch.stack([lm_loss(model(x_BT), y_BT) for x_BT, y_BT in batches]).double()
+            losses = torch.stack([lm_loss(model(x_BT), y_BT) for x_BT, y_BT in batches])
     finally:
         model.train(was_training)
+    return mean_and_stderr(losses)
+
+
+def mean_and_stderr(losses: torch.Tensor) -> tuple[float, float]:
+    """(mean, standard error over the batches) of per-batch held-out losses, in float64."""
+    losses = losses.double()
     n = len(losses)
     stderr = (losses.std(unbiased=True) / math.sqrt(n)).item() if n > 1 else float("nan")
     return losses.mean().item(), stderr
@@ -94,94 +115,146 @@ class CurveMarks:
         return self.n - self.j
 
 
-def budget_loop(step_fn: Callable[[torch.Tensor, torch.Tensor, float], list[float]], loader: RowLoader, tc: TrainConfig, clock: Clock, emit: Callable[[dict], None],
+class BudgetLoop:
+    """The budget's bookkeeping, which every placement drives one step at a time: a process running
+    one arm (`budget_loop`) and every rank of a pipeline run (`seams.pipeline.stage`).
+
+    `spent()` says whether the budget or max_steps is used up; `begin()` gives the next step, the
+    training second it starts at and its LR; `stepped(...)` records a finished step (curve points
+    at their marks, progress, periodic checkpoints through `save`, `after_step` off the clock);
+    `fail(step)` and `interrupt()` end it; `finish()` fills the last marks and returns the run:
+    status, steps, elapsed_s, max_step_s, failed_step, lr_final, points and `resume`, the plain
+    loop state that `resume=` takes to continue where it was (steps, training seconds, so the clock
+    and the schedule go on from there, curve points and marks). `emit=None`: no events (a rank
+    that does not hold the loss curve).
+    """
+
+    def __init__(self, tc: TrainConfig, tokens_per_step: int, clock: Clock,
+                 emit: Callable[[dict], None] | None, save: Callable[[int, dict], None] | None = None,
+                 after_step: Callable[[int, float], None] | None = None, resume: dict | None = None):
+        self.tc, self.per_step, self.clock, self.emit = tc, tokens_per_step, clock, emit
+        self.save, self.after_step = save, after_step
+        self.budget = tc.budget_seconds if tc.budget_seconds > 0 else math.inf
+        self.marks = CurveMarks(tc.curve_points, self.budget, tc.max_steps)
+        self.run = {"status": "complete", "steps": 0, "elapsed_s": 0.0, "max_step_s": 0.0, "failed_step": None,
+                    "points": [], "lr_final": None}
+        self.last, self.next_progress, self.next_save = None, 0.0, tc.checkpoint_every_s
+        if resume is not None:  # continue: the points so far, each mark already passed, the clock from its seconds
+            self.run.update({k: resume[k] for k in ("steps", "elapsed_s", "max_step_s", "lr_final")})
+            self.last, self.marks.j = resume["last"], resume["marks_j"]
+            self.run["points"] = resume["points"][:resume["n_points"]]
+            self.run["points"] += [self.last] * (self.marks.j - len(self.run["points"]))  # marks of the last step
+            clock.off -= self.run["elapsed_s"]
+            self.next_save = self.run["elapsed_s"] + tc.checkpoint_every_s
+
+    @property
+    def steps(self) -> int:
+        return self.run["steps"]
+
+    def spent(self, steps: int | None = None) -> bool:
+        """The budget or max_steps is used up (after `steps` steps; default: the steps done)."""
+        steps = self.run["steps"] if steps is None else steps
+        return self.clock.elapsed() >= self.budget or bool(self.tc.max_steps and steps >= self.tc.max_steps)
+
+    def begin(self) -> tuple[int, float, float]:
+        """(step, training second it starts at, its LR)."""
+        step, t0 = self.run["steps"], self.clock.elapsed()
+        return step, t0, scheduled_lr(step, t0, self.tc)
+
+    def fail(self, step: int) -> None:
+        self.run.update(status="failed", failed_step=step)
+
+    def interrupt(self) -> None:
+        self.run["status"] = "interrupted"
+
+    def state(self) -> dict:
+        run = self.run
+        return {"steps": run["steps"], "elapsed_s": run["elapsed_s"], "max_step_s": run["max_step_s"],
+                "lr_final": run["lr_final"], "points": list(run["points"]), "n_points": len(run["points"]),
+                "marks_j": self.marks.j, "last": self.last}
+
+    def _point(self, p: dict) -> None:
+        self.run["points"].append(p)
+        if self.emit is not None:
+            self.emit({"kind": "point", "index": len(self.run["points"]) - 1, **p})
+
+    def _progress(self) -> None:
+        if self.emit is None:
+            return
+        run, e = self.run, self.run["elapsed_s"]
+        self.emit({"kind": "progress", "step": run["steps"], "elapsed_s": e, "tokens": run["steps"] * self.per_step,
+                   "loss": self.last["loss"] if self.last else None,
+                   "tokens_per_s": run["steps"] * self.per_step / e if e > 0 else 0.0,
+                   "fraction": min(1.0, max(e / self.budget,
+                                            run["steps"] / self.tc.max_steps if self.tc.max_steps else 0.0))})
+
+    def stepped(self, step: int, t0: float, lr: float, losses: list[float]) -> None:
+        """A finished step: `losses` are its segments' training losses (the last is the model's)."""
+        t1 = self.clock.elapsed()
+        self.run.update(steps=step + 1, elapsed_s=t1, max_step_s=max(self.run["max_step_s"], t1 - t0), lr_final=lr)
+        self.last = {"step": step, "elapsed_s": t0, "tokens": step * self.per_step, "loss": losses[-1], "lr": lr,
+                     "segment_losses": list(losses)}
+        for _ in range(self.marks.due(step, t0)):  # a step that spans several marks fills each
+            self._point(self.last)
+        if t1 >= self.next_progress:
+            self._progress()
+            self.next_progress = t1 + PROGRESS_EVERY_S
+        if self.save is not None and self.tc.checkpoint_every_s > 0 and t1 >= self.next_save:
+            with self.clock.paused():
+                self.save(step + 1, self.state())
+            self.next_save = t1 + self.tc.checkpoint_every_s
+        if self.after_step is not None:
+            with self.clock.paused():
+                self.after_step(step + 1, t1)
+
+    def finish(self) -> dict:
+        run = self.run
+        run["resume"] = self.state()
+        last = self.last
+        if last is not None:
+            # the budget ended inside a long step: the marks after that step's start are the last step's
+            for _ in range(self.marks.left() if run["status"] == "complete" else 0):
+                self._point(last)
+            if not run["points"] or run["points"][-1] is not last or run["status"] == "complete":
+                self._point(last)
+        self._progress()
+        return run
+
+
+def budget_loop(step_fn: Callable[[torch.Tensor, torch.Tensor, float], list[float]], loader: RowLoader,
+                tc: TrainConfig, clock: Clock, emit: Callable[[dict], None],
                 stop: Callable[[], bool] = lambda: False, save: Callable[[int, dict], None] | None = None,
                 gate: Callable[[Clock, int], None] | None = None,
                 after_step: Callable[[int, float], None] | None = None, resume: dict | None = None) -> dict:
-    """Train with `step_fn(x_BT, y_BT, lr) -> segment losses` until the budget or max_steps, a non-finite loss (failed), or Ctrl-C / `stop()` (interrupted).
+    """One process's arm: `step_fn(x_BT, y_BT, lr) -> segment losses` under a `BudgetLoop` until the
+    budget or max_steps, a non-finite loss (failed), or Ctrl-C / `stop()` (interrupted).
 
     `gate(clock, steps_done)` runs before every step (the interleaved study's turns: it pauses the
-    clock while the other arm runs); `after_step(steps_done, elapsed_s)` after every step, off the
-    clock (snapshots for the equal-token view). `save(steps_done, loop_state)` checkpoints every
-    `tc.checkpoint_every_s`; `loop_state` (plain data; also the returned run's "resume") is what
-    `resume` takes to continue the loop where it was: steps, training seconds (the clock and
-    so the schedule go on from there), curve points and marks.
+    clock while the other arm runs); `save` and `after_step` as for `BudgetLoop`.
     """
-    budget = tc.budget_seconds if tc.budget_seconds > 0 else math.inf
-    per_step = loader.batch * loader.seq
-    marks = CurveMarks(tc.curve_points, budget, tc.max_steps)
-    run = {"status": "complete", "steps": 0, "elapsed_s": 0.0, "max_step_s": 0.0, "failed_step": None,
-           "points": [], "lr_final": None}
-    last, next_progress, next_save = None, 0.0, tc.checkpoint_every_s
-    if resume is not None:  # continue: the points so far, each mark already passed, the clock from its seconds
-        run.update({k: resume[k] for k in ("steps", "elapsed_s", "max_step_s", "lr_final")})
-        last, marks.j = resume["last"], resume["marks_j"]
-        run["points"] = resume["points"][:resume["n_points"]]
-        run["points"] += [last] * (marks.j - len(run["points"]))  # marks of the last step not yet filled
-        clock.off -= run["elapsed_s"]
-        next_save = run["elapsed_s"] + tc.checkpoint_every_s
-
-    def loop_state() -> dict:
-        return {"steps": run["steps"], "elapsed_s": run["elapsed_s"], "max_step_s": run["max_step_s"],
-                "lr_final": run["lr_final"], "points": list(run["points"]), "n_points": len(run["points"]),
-                "marks_j": marks.j, "last": last}
-
-    def point(p):
-        run["points"].append(p)
-        emit({"kind": "point", "index": len(run["points"]) - 1, **p})
-
-    def progress():
-        loss = last["loss"] if last else None
-        emit({"kind": "progress", "step": run["steps"], "elapsed_s": run["elapsed_s"],
-              "tokens": run["steps"] * per_step, "loss": loss,
-              "tokens_per_s": run["steps"] * per_step / run["elapsed_s"] if run["elapsed_s"] > 0 else 0.0,
-              "fraction": min(1.0, max(run["elapsed_s"] / budget,
-                                       run["steps"] / tc.max_steps if tc.max_steps else 0.0))})
-
+    loop = BudgetLoop(tc, loader.batch * loader.seq, clock, emit, save, after_step, resume)
     try:
         while True:
             if gate is not None:
-                gate(clock, run["steps"])
-            if clock.elapsed() >= budget or (tc.max_steps and run["steps"] >= tc.max_steps):
+                gate(clock, loop.steps)
+            if loop.spent():
                 break
             if stop():
-                run["status"] = "interrupted"
+                loop.interrupt()
                 break
-            step, t0 = run["steps"], clock.elapsed()
-            lr = scheduled_lr(step, t0, tc)
+            step, t0, lr = loop.begin()
             x_BT, y_BT = loader.next()
             losses = step_fn(x_BT, y_BT, lr)
-            t1 = clock.elapsed()
             if not all(math.isfinite(v) for v in losses):
-                run.update(status="failed", failed_step=step)
+                loop.fail(step)
                 break
-            run.update(steps=step + 1, elapsed_s=t1, max_step_s=max(run["max_step_s"], t1 - t0), lr_final=lr)
-            last = {"step": step, "elapsed_s": t0, "tokens": step * per_step, "loss": losses[-1], "lr": lr,
-                    "segment_losses": losses}
-            for _ in range(marks.due(step, t0)):
-                point(last)
-            if t1 >= next_progress:
-                progress()
-                next_progress = t1 + PROGRESS_EVERY_S
-            if save is not None and tc.checkpoint_every_s > 0 and t1 >= next_save:
-                with clock.paused():
-                    save(step + 1, loop_state())
-                next_save = t1 + tc.checkpoint_every_s
-            if after_step is not None:
-                with clock.paused():
-                    after_step(step + 1, t1)
+            loop.stepped(step, t0, lr, losses)
     except KeyboardInterrupt:
-        run["status"] = "interrupted"
-    run["resume"] = loop_state()
-    if last is not None:
-        # the budget ended inside a long step: the marks after that step's start are the last step's
-        for _ in range(marks.left() if run["status"] == "complete" else 0):
-            point(last)
-        if not run["points"] or run["points"][-1] is not last or run["status"] == "complete":
-            point(last)
-    progress()
-    return run
+        loop.interrupt()
+    return loop.finish()
 
+
+# ----------------------------------------------------------------------------- callbacks
 
 def fanout(*callbacks) -> Callable[[dict], None]:
     """One callback calling several (None entries skipped)."""

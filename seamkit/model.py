@@ -1,11 +1,11 @@
 """The GPT of the reference reports, and nothing about training.
 
-Architecture (shared/reference/README.md): untied token embedding and LM head (no bias),
+Architecture (docs/reference.md): untied token embedding and LM head (no bias),
 RoPE and no learned position table, pre-norm blocks with weight-only RMSNorm, qkv and
 output projections with bias, a GELU MLP dim -> mlp_mult*dim -> dim with bias, and a final
 weight-only RMSNorm. Parameters: 2*vocab*dim + n_blocks*(12*dim^2 + 11*dim) + dim.
 
-Blocks are a plain `nn.ModuleList` so a seam can cut between any two (seams.py), and the
+Blocks are a plain `nn.ModuleList` so a seam can cut between any two (seams.cuts), and the
 pieces of a block are attributes so the pruned step (prune.py) can run them on subsets of
 positions. Two attention forms:
 - rows: plain causal attention over (B, T) rows of joined documents;

@@ -1,6 +1,7 @@
-"""Reports: the two JSON schemas of shared/reference/, atomic writes, validation, provenance.
+"""Reports: the two JSON schemas of the reference reports, atomic writes, validation, provenance.
 
-A report has the reference file's keys and nesting (shared/reference/README.md); extra keys
+A report has the reference file's keys and nesting (tests/reference/*.json, derived in
+docs/reference.md); extra keys
 are allowed. `validate` names the first field that is missing or of the wrong type, and
 `write_report` refuses to write an invalid report, so nothing half-right lands on disk
 either. Provenance (config, versions, git commit, machine) rides along in every report.

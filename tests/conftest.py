@@ -1,11 +1,12 @@
 import os
+import signal
 from pathlib import Path
 
 import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-REFERENCE = Path(__file__).resolve().parent / "reference"  # copies of ../shared/reference/*.json
+REFERENCE = Path(__file__).resolve().parent / "reference"  # byte copies of the reference reports (SHA256SUMS)
 SHARED_REFERENCE = ROOT.parent / "shared" / "reference"
 
 # Tests are small; one thread keeps them deterministic and leaves the other core free. The
@@ -18,3 +19,23 @@ torch.set_num_threads(int(os.environ["SEAMKIT_THREADS"]))
 @pytest.fixture
 def reference_dir() -> Path:
     return REFERENCE
+
+
+@pytest.fixture(scope="session")
+def reproduced(tmp_path_factory):
+    """`seamkit reproduce` at the tiny preset, run once for the session: both notebooks under
+    papermill, the pruning one on the checkpoint the seams one left (tests/test_reproduce.py,
+    tests/test_notebooks.py)."""
+    from seamkit.reproduce import reproduce
+    out = tmp_path_factory.mktemp("reproduce") / "reports"
+    return out, reproduce(preset="tiny", out_dir=out, overrides=REPRODUCE_TINY, echo=False)
+
+
+REPRODUCE_TINY = {"train.budget_seconds": 2.0, "prune.windows": 1, "prune.samples": 1}
+
+
+def default_sigint() -> None:
+    """`preexec_fn` for a child a test sends Ctrl-C to: SIGINT at its default, whatever this
+    process inherited (a suite started in the background from a script ignores SIGINT, and so
+    would every child it starts)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

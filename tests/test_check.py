@@ -1,5 +1,5 @@
-"""Tests of seamkit.pruning.study (the pruning study and its report), the prune-check command and the
-pruning plots."""
+"""Tests of the pruning study (seamkit.pruning: step, compare, reference, probes, timing, study), its
+report, the prune-check command and the pruning plots."""
 
 import dataclasses
 import json
@@ -11,10 +11,20 @@ import torch
 
 from seamkit import checkpoint, cli
 from seamkit import config as C
+from seamkit.costs import measured_flops
 from seamkit.model import GPT
 from seamkit.optim import make_optimizer
 from seamkit.pruning import rules as prune
-from seamkit.pruning import study as check
+from seamkit.pruning import study
+from seamkit.pruning.compare import compare, differences_zero, stats, within
+from seamkit.pruning.probes import (
+    QUERY_SIDE,
+    query_side_probe,
+    rule_invariance,
+    token_probe,
+)
+from seamkit.pruning.reference import strict_now
+from seamkit.pruning.step import MODES, CheckError, Stepper, mode_loss
 from seamkit.report import load_report, validate
 from seamkit.ui import plots
 
@@ -48,7 +58,7 @@ def ckpt_path(tmp_path_factory):
 @pytest.fixture(scope="module")
 def stepper(ckpt_path):
     ck = checkpoint.load(ckpt_path)
-    return check.Stepper(ck["run_config"].model, ck["model"], ck["optimizer"], tiny_cfg(), torch.float32,
+    return Stepper(ck["run_config"].model, ck["model"], ck["optimizer"], tiny_cfg(), torch.float32,
                          torch.device("cpu"))
 
 
@@ -56,41 +66,41 @@ def stepper(ckpt_path):
 
 def test_compare_is_zero_on_the_same_step_and_fails_on_planted_faults(stepper):
     w = WINDOWS["random"]()
-    fn = check.mode_loss("base", w)
+    fn = mode_loss("base", w)
     a, b = stepper.step(fn), stepper.step(fn)  # a reset makes the second step the first again
-    assert check.differences_zero(check.compare(a, b))
+    assert differences_zero(compare(a, b))
 
     dropped = dataclasses.replace(b, grads={**b.grads, "head.weight": None})  # a parameter's gradient dropped
-    d = check.compare(a, dropped)
-    assert d["gradient_none_difference"] == ["head.weight"] and not check.differences_zero(d)
+    d = compare(a, dropped)
+    assert d["gradient_none_difference"] == ["head.weight"] and not differences_zero(d)
 
     nudged = dataclasses.replace(b, grads={**b.grads, "norm.weight": b.grads["norm.weight"] * (1 + 2 ** -20)},
                                  params={**b.params, "embed.weight": b.params["embed.weight"] + 1e-7})
-    d = check.compare(a, nudged)
+    d = compare(a, nudged)
     assert d["gradient_max"] > 0 and d["parameter_update_max"] > 0 and d["optimizer_state_max"] == 0
 
     state = {n: dict(s) for n, s in b.state.items()}
     state["norm.weight"]["step"] = state["norm.weight"]["step"] + 1
-    assert check.compare(a, dataclasses.replace(b, state=state))["optimizer_state_max"] == 1.0
+    assert compare(a, dataclasses.replace(b, state=state))["optimizer_state_max"] == 1.0
 
 
 def test_one_target_too_many_pruned_makes_loss_delta_nonzero(stepper):
     w = WINDOWS["random"]()
     bad = one_target_dropped(w)
-    ref = stepper.step(check.mode_loss("base", w))
+    ref = stepper.step(mode_loss("base", w))
     got = stepper.step(lambda m: prune.pruned_loss(m, bad))
-    assert check.compare(ref, got)["loss_delta"] > 0
+    assert compare(ref, got)["loss_delta"] > 0
 
 
 def test_steps_start_from_the_checkpoint_and_never_change_it(ckpt_path):
     ck = checkpoint.load(ckpt_path)
     before = checkpoint.tensor_id(ck["model"], ck["optimizer"])
-    st = check.Stepper(ck["run_config"].model, ck["model"], ck["optimizer"], tiny_cfg(), torch.float32,
+    st = Stepper(ck["run_config"].model, ck["model"], ck["optimizer"], tiny_cfg(), torch.float32,
                        torch.device("cpu"))
     w = WINDOWS["completion"]()
-    r1 = st.step(check.mode_loss("prune_exact", w, "bitwise"))
-    r2 = st.step(check.mode_loss("prune_exact", w, "bitwise"))
-    assert check.differences_zero(check.compare(r1, r2))
+    r1 = st.step(mode_loss("prune_exact", w, "bitwise"))
+    r2 = st.step(mode_loss("prune_exact", w, "bitwise"))
+    assert differences_zero(compare(r1, r2))
     assert checkpoint.tensor_id(ck["model"], ck["optimizer"]) == before
     assert all(float(s["step"]) == 3.0 for s in r1.state.values())  # 2 checkpoint steps + this one
 
@@ -104,17 +114,17 @@ def test_pruned_steps_with_optimizer(ckpt_path, threads):
     try:
         ck = checkpoint.load(ckpt_path)
         for dtype, exact in ((torch.float32, "bitwise"), (torch.float64, "arithmetic")):
-            st = check.Stepper(ck["run_config"].model, ck["model"], ck["optimizer"], tiny_cfg(), dtype,
+            st = Stepper(ck["run_config"].model, ck["model"], ck["optimizer"], tiny_cfg(), dtype,
                                torch.device("cpu"))
             for name in ("tails", "random"):
                 w = WINDOWS[name]()
-                base, ran = st.step(check.mode_loss("base", w)), {}
-                pruned = st.step(check.mode_loss("prune_exact", w, exact, ran))
-                d = check.compare(base, pruned)
-                assert check.differences_zero(d) if exact == "bitwise" else check.within(d, 1e-12), (name, d)
-                s = check.stats(pruned, "prune_exact", w, ran)
+                base, ran = st.step(mode_loss("base", w)), {}
+                pruned = st.step(mode_loss("prune_exact", w, exact, ran))
+                d = compare(base, pruned)
+                assert differences_zero(d) if exact == "bitwise" else within(d, 1e-12), (name, d)
+                s = stats(pruned, "prune_exact", w, ran)
                 assert s["kept"] + s["skipped"] == w.positions and s["kept"] == s["targets"]
-                assert s["projected"] < check.stats(base, "base", w, {})["projected"]
+                assert s["projected"] < stats(base, "base", w, {})["projected"]
     finally:
         torch.set_num_threads(before)
 
@@ -126,9 +136,9 @@ def test_mode_flops_save_what_the_plan_promises(stepper):
     w = WINDOWS["tails"]()
     planned = prune.plan_flops(stepper.model.cfg, prune.plan(w))
     flops = {}
-    for m in check.MODES:
+    for m in MODES:
         stepper.reset()
-        flops[m] = prune.measured_flops(lambda: check.mode_loss(m, w)(stepper.model))
+        flops[m] = measured_flops(lambda: mode_loss(m, w)(stepper.model))
     assert flops["base"] - flops["prune_exact"] >= planned["base"] - planned["pruned"] > 0
 
 
@@ -141,10 +151,10 @@ RULE_WINDOWS = ("middle", "random")  # both have dropped positions and live posi
 def test_rule_invariance_is_bitwise(stepper, name):
     w = WINDOWS[name]()
     p = prune.plan(w)
-    out = check.rule_invariance(stepper, w, p)
+    out = rule_invariance(stepper, w, p)
     assert out["A_dropped_tokens_changed"]["positions"] == w.positions - len(p.live) > 0
     assert out["B_query_side_outside_T_changed"]["positions"] == len(p.live) - len(p.target) > 0
-    assert all(check.differences_zero(v) for v in out.values())
+    assert all(differences_zero(v) for v in out.values())
 
 
 @pytest.mark.parametrize("name", RULE_WINDOWS)
@@ -159,9 +169,9 @@ def test_rule_probes_can_fail(stepper, name):
     in_t = torch.zeros(w.positions, dtype=torch.bool)
     in_t[p.target] = True
     context &= ~in_t
-    assert check.token_probe(stepper, w, context)["loss_delta"] > 0
-    for part in check.QUERY_SIDE:  # each hook on its own, so neither can be a no-op
-        assert check.query_side_probe(stepper, w, in_t, parts=(part,))["loss_delta"] > 0, part
+    assert token_probe(stepper, w, context)["loss_delta"] > 0
+    for part in QUERY_SIDE:  # each hook on its own, so neither can be a no-op
+        assert query_side_probe(stepper, w, in_t, parts=(part,))["loss_delta"] > 0, part
 
 
 # ----------------------------------------------------------------------------- the study and its report
@@ -175,7 +185,7 @@ def report(ckpt_path, tmp_path_factory):
     """The study in bitwise mode against the eager reference, a window without targets among its three."""
     out = tmp_path_factory.mktemp("reports") / "pruning.json"
     ws = [WINDOWS["tails"](), no_target(WINDOWS["completion"]()), WINDOWS["random"]()]
-    rep = check.prune_check(tiny_cfg(**{"prune.exact": "bitwise"}), ckpt_path, out, windows=ws, progress=False)
+    rep = study.prune_check(tiny_cfg(**{"prune.exact": "bitwise"}), ckpt_path, out, windows=ws, progress=False)
     return rep, out
 
 
@@ -201,8 +211,8 @@ def test_window_without_targets_is_skipped_and_counted(report, ckpt_path, tmp_pa
     rep, _ = report
     assert rep["windows_skipped"] == 1 and rep["skipped_windows"][0]["window"] == 1
     assert [w["window"] for w in rep["windows"]] == [0, 2]
-    with pytest.raises(check.CheckError, match="none of the 1 windows has a target"):
-        check.prune_check(tiny_cfg(), ckpt_path, tmp_path / "x.json", windows=[no_target(WINDOWS["tails"]())],
+    with pytest.raises(CheckError, match="none of the 1 windows has a target"):
+        study.prune_check(tiny_cfg(), ckpt_path, tmp_path / "x.json", windows=[no_target(WINDOWS["tails"]())],
                           progress=False)
 
 
@@ -227,7 +237,7 @@ def test_report_stats_timings_and_flops(report):
 
 
 def test_summary_table(report):
-    text = check.summary_table(report[0])
+    text = study.summary_table(report[0])
     assert "prune_exact" in text and "speed-up" in text and "bitwise vs reference: true" in text
     assert "windows skipped (no target): 1" in text and "FLOPs base/pruned" in text
 
@@ -247,7 +257,7 @@ def test_pruning_figures(report):
 def test_arithmetic_float64_study(ckpt_path, tmp_path):
     """The default exactness, checked in float64: every delta within 1e-12, FLOPs as promised."""
     cfg = tiny_cfg(**{"prune.dtype": "float64", "prune.samples": 1})
-    rep = check.prune_check(cfg, ckpt_path, tmp_path / "p.json", windows=[WINDOWS["random"]()], progress=False)
+    rep = study.prune_check(cfg, ckpt_path, tmp_path / "p.json", windows=[WINDOWS["random"]()], progress=False)
     assert rep["exact"] == "arithmetic" and rep["tolerances"]["declared"] == 1e-12
     assert rep["within_tolerance"] is True and not rep["controls"][0]["bitwise"]  # exact in arithmetic, not bits
     f = rep["windows"][0]["flops"]
@@ -258,7 +268,7 @@ def test_compiled_reference(ckpt_path, tmp_path):
     """The compiles of this file: a tiny window against torch.compile of the unpruned step."""
     cfg = tiny_cfg(**{"prune.reference": "inductor", "prune.samples": 1, "prune.exact": "bitwise"})
     w = WINDOWS["random"]()
-    rep = check.prune_check(cfg, ckpt_path, tmp_path / "p.json", windows=[w], progress=False)
+    rep = study.prune_check(cfg, ckpt_path, tmp_path / "p.json", windows=[w], progress=False)
     assert rep["reference"].startswith("torch.compile"), rep["reference"]
     base, pruned = rep["checks"]
     # prune_exact equals base bit for bit, so both sit at the same distance from the reference
@@ -277,7 +287,7 @@ def test_failed_compile_stops_in_one_line(ckpt_path, tmp_path, monkeypatch, caps
         def run(*args, **kwargs):
             raise RuntimeError("inductor: no C++ compiler found\nmore detail")
         return run
-    monkeypatch.setattr(check.torch, "compile", broken)
+    monkeypatch.setattr(torch, "compile", broken)
     code = cli.main(["prune-check", "--preset", "tiny", "--checkpoint", str(ckpt_path), "--windows", "1",
                      "--out", str(tmp_path / "x.json")])
     err = capsys.readouterr().err.strip()
@@ -324,7 +334,7 @@ def test_checkpoint_without_optimizer_state_starts_a_fresh_adamw(tmp_path):
     torch.manual_seed(0)
     path = tmp_path / "noopt.pt"
     checkpoint.save(path, GPT(cfg.model), None, cfg)
-    rep = check.prune_check(cfg, path, tmp_path / "r.json", windows=[WINDOWS["completion"]()], progress=False)
+    rep = study.prune_check(cfg, path, tmp_path / "r.json", windows=[WINDOWS["completion"]()], progress=False)
     assert rep["optimizer"].startswith("fresh AdamW")
     assert rep["controls"][0]["gradient_max"] > 0  # float32 arithmetic: not bitwise, and the report says so
     assert rep["bitwise"] is False and rep["within_tolerance"] is None and rep["tolerances"]["declared"] is None
@@ -334,23 +344,23 @@ def test_strict_determinism_around_compared_steps_and_its_fallback(ckpt_path, tm
     """Where compared steps run strict (CUDA; forced here on CPU), they really run with strict
     deterministic algorithms, the timed ones do not, and an op with no deterministic kernel makes
     the window run again warn-only, said in the report, with no partial entries left behind."""
-    monkeypatch.setattr(check, "strict_determinism", lambda device: True)
+    monkeypatch.setattr(study, "strict_determinism", lambda device: True)
     seen = {"compared": [], "timed": []}
-    rule_invariance, timed_sample = check.rule_invariance, check.timed_sample
+    real_rules, real_timed = study.rule_invariance, study.timed_sample
 
     def probe_rules(stepper, window, p):
-        seen["compared"].append(check._strict_now())
-        return rule_invariance(stepper, window, p)
+        seen["compared"].append(strict_now())
+        return real_rules(stepper, window, p)
 
     def probe_timed(*args):
         seen["timed"].append(torch.are_deterministic_algorithms_enabled())
-        return timed_sample(*args)
+        return real_timed(*args)
 
-    monkeypatch.setattr(check, "rule_invariance", probe_rules)
-    monkeypatch.setattr(check, "timed_sample", probe_timed)
+    monkeypatch.setattr(study, "rule_invariance", probe_rules)
+    monkeypatch.setattr(study, "timed_sample", probe_timed)
     cfg = tiny_cfg(**{"prune.samples": 1})
     ws = [WINDOWS["random"](), WINDOWS["tails"]()]
-    rep = check.prune_check(cfg, ckpt_path, tmp_path / "a.json", windows=ws, progress=False)
+    rep = study.prune_check(cfg, ckpt_path, tmp_path / "a.json", windows=ws, progress=False)
     assert rep["determinism"].startswith("strict") and seen["compared"] == [True, True]
     assert seen["timed"] and not any(seen["timed"])
     assert all(v["bitwise"] for r in rep["rules"] for v in r.values() if isinstance(v, dict))
@@ -359,14 +369,14 @@ def test_strict_determinism_around_compared_steps_and_its_fallback(ckpt_path, tm
     calls = []
 
     def no_kernel(stepper, window, p):  # planted: an op with no deterministic kernel, once
-        calls.append(check._strict_now())
+        calls.append(strict_now())
         if len(calls) == 1:
             raise RuntimeError("planted_op does not have a deterministic implementation, but you set "
                                "'torch.use_deterministic_algorithms(True)'")
-        return rule_invariance(stepper, window, p)
+        return real_rules(stepper, window, p)
 
-    monkeypatch.setattr(check, "rule_invariance", no_kernel)
-    rep = check.prune_check(cfg, ckpt_path, tmp_path / "b.json", windows=ws, progress=False)
+    monkeypatch.setattr(study, "rule_invariance", no_kernel)
+    rep = study.prune_check(cfg, ckpt_path, tmp_path / "b.json", windows=ws, progress=False)
     assert rep["determinism"].startswith("warn-only") and "planted_op" in rep["determinism"]
     assert calls == [True, False, False]  # window 0 again, then window 1, both warn-only
     assert [(c["window"], c["mode"]) for c in rep["checks"]] == [(0, "base"), (0, "prune_exact"),

@@ -176,7 +176,7 @@ def test_every_checkpoint_the_trainers_write_loads(tmp_path, arm, objective):
     path = tmp_path / f"{arm}.pt"
     result = run_arm(arm, cfg, checkpoint_path=path)
     ckpt = ck.load(path)
-    assert ck.ref(path, ckpt["id"]) == result["checkpoint"] and ckpt["step"] == 2
+    assert ck.ref(path, ckpt["id"]) == result.checkpoint and ckpt["step"] == 2
     assert ckpt["data"] == {"epoch": 0, "position": 2 * cfg.data.batch * cfg.model.seq}
 
 

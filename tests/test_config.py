@@ -39,9 +39,9 @@ def test_other_config_errors():
 
 
 def test_override_dotted_bare_and_types():
-    c = C.override(C.cpu(), {"model.dim": "64", "budget_seconds": 5, "seams.seams": 3, "prune.compile_reference": "false"})
+    c = C.override(C.cpu(), {"model.dim": "64", "budget_seconds": 5, "seams.seams": 3, "train.compile": "true"})
     assert c.model.dim == 64 and c.train.budget_seconds == 5.0 and c.seams.seams == "3"
-    assert c.prune.compile_reference is False
+    assert c.train.compile is True
     assert C.cpu().model.dim == 128  # presets are fresh objects, not mutated
 
 
@@ -77,3 +77,19 @@ def test_unknown_preset():
     with pytest.raises(C.ConfigError, match="unknown preset"):
         C.preset("huge")
     assert dataclasses.is_dataclass(C.preset("tiny"))
+
+
+def test_a_config_an_earlier_version_saved_still_loads():
+    """Renamed keys move to their names; retired ones become what they meant."""
+    old = C.tiny().to_dict()
+    old["train"]["schedule"] = old["train"].pop("lr_schedule")
+    old["seams"]["schedule"] = old["seams"].pop("pipeline_schedule")
+    old["train"].update(eval_batches=3, eval_tokens=0)
+    old["prune"]["compile_reference"] = False
+    old["train"]["schedule"], old["seams"]["schedule"] = "steps", "zbv"
+    c = C.from_dict(old)
+    assert (c.train.lr_schedule, c.seams.pipeline_schedule, c.prune.reference) == ("steps", "zbv", "eager")
+    assert c.train.eval_tokens == 3 * c.data.batch * c.model.seq
+    assert C.from_dict(C.tiny().to_dict()) == C.tiny()
+    with pytest.raises(C.ConfigError, match="does not match this seamkit version"):
+        C.from_dict({**C.tiny().to_dict(), "train": {**C.tiny().to_dict()["train"], "nosuch": 1}})

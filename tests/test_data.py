@@ -1,4 +1,4 @@
-"""Tests for seamkit.data.corpus: tokenizers, corpus files, the split, the cache, rows and windows."""
+"""Tests for seamkit.data: tokenizers, corpus files, the split, the cache, rows and windows."""
 
 import dataclasses
 import gzip
@@ -11,8 +11,14 @@ import pytest
 import torch
 
 from seamkit import config
-from seamkit.data import corpus as data
-from seamkit.data.corpus import DataError
+from seamkit.data import documents
+from seamkit.data.corpus import Corpus
+from seamkit.data.documents import SPLITS, load_documents, split_documents
+from seamkit.data.errors import DataError
+from seamkit.data.load import load_corpus
+from seamkit.data.rows import RowLoader, eval_batches
+from seamkit.data.tokenizers import get_tokenizer
+from seamkit.data.windows import Window, make_windows
 from seamkit.model import IGNORE
 
 TEXTS = ["plain ascii", "héllo wörld — naïve café, 日本語, emoji 🙂🚀", "tab\tand\nnewline",
@@ -48,10 +54,10 @@ def data_cfg(tmp_path, corpus, tokenizer="bytes") -> config.DataConfig:
 @pytest.fixture
 def corpus(tmp_path):
     """A 400-document bytes corpus (about 4 val and 4 test documents)."""
-    return data.load_corpus(data_cfg(tmp_path, write_corpus(tmp_path / "c.jsonl", lemma_docs(400))))
+    return load_corpus(data_cfg(tmp_path, write_corpus(tmp_path / "c.jsonl", lemma_docs(400))))
 
 
-def window_faults(w: data.Window, corpus: data.Corpus, policy: str, window_positions: int) -> list[str]:
+def window_faults(w: Window, corpus: Corpus, policy: str, window_positions: int) -> list[str]:
     """Every packing invariant a window must satisfy; returns the violated ones."""
     faults = []
     if w.positions != len(w.idx) or w.positions > window_positions:
@@ -89,8 +95,8 @@ def window_faults(w: data.Window, corpus: data.Corpus, policy: str, window_posit
 
 @pytest.mark.parametrize("name", ["bytes", "qwen"])
 def test_tokenizer_round_trip(name):
-    tok = data.get_tokenizer(name)
-    assert tok is data.get_tokenizer(name)  # one shared instance
+    tok = get_tokenizer(name)
+    assert tok is get_tokenizer(name)  # one shared instance
     assert tok.n_vocab == config.tokenizer_vocab(name)
     assert 0 <= tok.eod < tok.n_vocab and 0 <= tok.pad < tok.n_vocab and tok.eod != tok.pad
     for text in TEXTS:
@@ -103,7 +109,7 @@ def test_tokenizer_round_trip(name):
 
 
 def test_qwen_ids():
-    tok = data.get_tokenizer("qwen")
+    tok = get_tokenizer("qwen")
     assert (tok.eod, tok.pad, tok.n_vocab) == (151643, 151935, 151936)
     assert tok.encode("<|endoftext|>") != [tok.eod]
     assert tok.decode([tok.eod]) == "<|endoftext|>"  # the special id itself still decodes
@@ -111,7 +117,7 @@ def test_qwen_ids():
 
 def test_unknown_tokenizer():
     with pytest.raises(DataError, match="unknown tokenizer"):
-        data.get_tokenizer("gpt2")
+        get_tokenizer("gpt2")
 
 
 # ----------------------------------------------------------------------------- documents
@@ -126,10 +132,10 @@ def test_load_txt_and_jsonl(tmp_path):
     (tmp_path / "a.jsonl").write_text(jsonl)
     with gzip.open(tmp_path / "a.jsonl.gz", "wt") as f:
         f.write(jsonl)
-    assert data.load_documents(str(tmp_path / "a.txt")) == expect
-    assert data.load_documents(str(tmp_path / "a.txt.gz")) == expect
-    assert data.load_documents(str(tmp_path / "a.jsonl")) == expect
-    assert data.load_documents(str(tmp_path / "a.jsonl.gz")) == expect
+    assert load_documents(str(tmp_path / "a.txt")) == expect
+    assert load_documents(str(tmp_path / "a.txt.gz")) == expect
+    assert load_documents(str(tmp_path / "a.jsonl")) == expect
+    assert load_documents(str(tmp_path / "a.jsonl.gz")) == expect
 
 
 @pytest.mark.parametrize("name, content, match", [
@@ -147,30 +153,48 @@ def test_bad_corpus_names_the_file(tmp_path, name, content, match):
     if content is not None:
         path.write_text(content)
     with pytest.raises(DataError, match=match) as e:
-        data.load_documents(str(path))
+        load_documents(str(path))
     assert str(path) in str(e.value) and "\n" not in str(e.value)
 
 
 def test_load_corpus_missing_file(tmp_path):
     with pytest.raises(DataError, match="no such corpus file"):
-        data.load_corpus(data_cfg(tmp_path, tmp_path / "nope.txt"))
+        load_corpus(data_cfg(tmp_path, tmp_path / "nope.txt"))
 
 
 def test_shipped_wordnet():
-    docs = data.load_documents("wordnet")
+    docs = load_documents("wordnet")
     assert len(docs) == 117659  # 82115 noun + 13767 verb + 18156 adj + 3621 adv synsets
     assert docs[0].startswith("entity: that which is perceived")
     assert all(": " in d and "_" not in d.split(":", 1)[0] for d in docs)
-    sizes = {s: len(v) for s, v in data.split_documents(docs).items()}
+    sizes = {s: len(v) for s, v in split_documents(docs).items()}
     assert sizes == {"train": 115325, "val": 1167, "test": 1167}
+
+
+def test_shipped_corpus_behind_a_link_git_wrote_as_text(tmp_path, monkeypatch):
+    """A checkout without symlinks holds the link as a text file naming its target: data/ is read."""
+    corpora, data_dir = tmp_path / "corpora", tmp_path / "data"
+    corpora.mkdir()
+    data_dir.mkdir()
+    monkeypatch.setattr(documents, "CORPORA_DIR", corpora)
+    monkeypatch.setattr(documents, "DATA_DIR", data_dir)
+    with gzip.open(data_dir / "c.jsonl.gz", "wt") as f:
+        f.write('{"text": "a: b"}\n')
+    assert documents._shipped("c.jsonl.gz") == data_dir / "c.jsonl.gz"  # no file inside the package
+    (corpora / "c.jsonl.gz").write_text("../../data/c.jsonl.gz")  # what git writes for the link
+    assert documents._shipped("c.jsonl.gz") == data_dir / "c.jsonl.gz"
+    assert load_documents(documents._shipped("c.jsonl.gz")) == ["a: b"]
+    (corpora / "c.jsonl.gz").unlink()
+    (corpora / "c.jsonl.gz").write_bytes((data_dir / "c.jsonl.gz").read_bytes())  # a wheel's copy
+    assert documents._shipped("c.jsonl.gz") == corpora / "c.jsonl.gz"
 
 
 # ----------------------------------------------------------------------------- split
 
 def test_split_deterministic_disjoint_and_content_based():
     docs = [f"doc {i}: {i * 7919 % 1000}" for i in range(5000)]
-    s = data.split_documents(docs)
-    assert s == data.split_documents(list(docs))
+    s = split_documents(docs)
+    assert s == split_documents(list(docs))
     all_ids = s["train"] + s["val"] + s["test"]
     assert sorted(all_ids) == list(range(5000))  # disjoint and complete
     for ids in s.values():
@@ -178,14 +202,14 @@ def test_split_deterministic_disjoint_and_content_based():
     # about 1% each: the hash makes each count Binomial(5000, 0.01), sd 7, so 20..80 is > 4 sd
     assert 20 <= len(s["val"]) <= 80 and 20 <= len(s["test"]) <= 80
     # the split follows the text, not the position
-    rev = data.split_documents(docs[::-1])
+    rev = split_documents(docs[::-1])
     for name in s:
         assert sorted(4999 - i for i in rev[name]) == s[name]
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 4, 10, 99, 100, 150])
 def test_split_tiny_corpora(n):
-    s = data.split_documents([f"d{i}" for i in range(n)])
+    s = split_documents([f"d{i}" for i in range(n)])
     assert sorted(s["train"] + s["val"] + s["test"]) == list(range(n))
     if n >= 3:
         assert len(s["val"]) >= 1 and len(s["test"]) >= 1 and len(s["train"]) >= 1
@@ -199,9 +223,9 @@ def test_split_tiny_corpora(n):
 def test_corpus_layout(tmp_path, tokenizer):
     docs = lemma_docs(60) + ["no colon here", "two: colons: here", "<|endoftext|>: literal"]
     cfg = data_cfg(tmp_path, write_corpus(tmp_path / "c.jsonl", docs), tokenizer)
-    c = data.load_corpus(cfg)
+    c = load_corpus(cfg)
     tok = c.tokenizer
-    assert c.name == "c" and c.n_docs == len(docs) and tok is data.get_tokenizer(tokenizer)
+    assert c.name == "c" and c.n_docs == len(docs) and tok is get_tokenizer(tokenizer)
     assert c.tokens.dtype == np.int32 and c.offsets.dtype == np.int64
     assert c.prompt_len.dtype == np.int32 and c.words.dtype == np.int32
     assert c.offsets[0] == 0 and c.offsets[-1] == len(c.tokens)
@@ -214,45 +238,45 @@ def test_corpus_layout(tmp_path, tokenizer):
         assert tok.decode(c.doc(i)[:-1]) == text
         assert (c.doc(i) == tok.eod).sum() == 1  # the literal "<|endoftext|>" is not eod
     assert c.prompt_len[docs.index("no colon here")] == 0
-    split = data.split_documents(docs)
-    for name in data.SPLITS:
+    split = split_documents(docs)
+    for name in SPLITS:
         assert c.splits[name].dtype == np.int64 and c.splits[name].tolist() == split[name]
 
 
 def test_cache_hit_skips_tokenizing(tmp_path, monkeypatch):
     path = write_corpus(tmp_path / "c.txt", lemma_docs(50))
     cfg = data_cfg(tmp_path, path)
-    first = data.load_corpus(cfg)
+    first = load_corpus(cfg)
 
     def boom(text):
         raise AssertionError("tokenized again despite the cache")
-    monkeypatch.setattr(data.get_tokenizer("bytes"), "encode", boom)
-    second = data.load_corpus(cfg)
+    monkeypatch.setattr(get_tokenizer("bytes"), "encode", boom)
+    second = load_corpus(cfg)
     for f in ("tokens", "offsets", "prompt_len", "words"):
         assert np.array_equal(getattr(first, f), getattr(second, f))
-    assert all(np.array_equal(first.splits[s], second.splits[s]) for s in data.SPLITS)
+    assert all(np.array_equal(first.splits[s], second.splits[s]) for s in SPLITS)
     assert [p.name for p in (tmp_path / "cache").iterdir() if p.suffix != ".npz"] == []  # no tmp left
 
     write_corpus(path, lemma_docs(51))  # edited corpus -> new key -> tokenized again
     with pytest.raises(AssertionError, match="tokenized again"):
-        data.load_corpus(cfg)
+        load_corpus(cfg)
 
 
 def test_damaged_cache_is_rebuilt(tmp_path):
     cfg = data_cfg(tmp_path, write_corpus(tmp_path / "c.txt", lemma_docs(20)))
-    first = data.load_corpus(cfg)
+    first = load_corpus(cfg)
     (cache,) = (tmp_path / "cache").glob("*.npz")
     cache.write_bytes(cache.read_bytes()[:100])
-    assert np.array_equal(data.load_corpus(cfg).tokens, first.tokens)
+    assert np.array_equal(load_corpus(cfg).tokens, first.tokens)
 
 
 # ----------------------------------------------------------------------------- rows
 
 def test_row_loader_shapes_shift_and_determinism(corpus):
     B, T = 3, 16
-    a = data.RowLoader(corpus, "train", B, T, seed=1)
-    b = data.RowLoader(corpus, "train", B, T, seed=1)
-    c = data.RowLoader(corpus, "train", B, T, seed=2)
+    a = RowLoader(corpus, "train", B, T, seed=1)
+    b = RowLoader(corpus, "train", B, T, seed=1)
+    c = RowLoader(corpus, "train", B, T, seed=2)
     xa, ya = a.next()
     assert xa.shape == ya.shape == (B, T) and xa.dtype == ya.dtype == torch.int64
     assert torch.equal(ya[:, :-1], xa[:, 1:])  # y is x shifted by one ...
@@ -268,13 +292,13 @@ def test_row_loader_shapes_shift_and_determinism(corpus):
 def test_row_loader_epoch_is_a_permutation_of_the_split(corpus):
     ids = corpus.splits["train"]
     L = int((corpus.offsets[ids + 1] - corpus.offsets[ids]).sum())
-    loader = data.RowLoader(corpus, "train", 1, 1, seed=0)
+    loader = RowLoader(corpus, "train", 1, 1, seed=0)
     stream = np.concatenate([corpus.doc(i) for i in loader._order(0)])
     assert len(stream) == L and Counter(stream.tolist()) == Counter(
         np.concatenate([corpus.doc(i) for i in ids]).tolist())
     assert not np.array_equal(loader._order(0), loader._order(1))  # a new order each epoch
     B, T = 4, 64  # read past the end of epoch 0: the stream runs on into epoch 1
-    loader = data.RowLoader(corpus, "train", B, T, seed=0)
+    loader = RowLoader(corpus, "train", B, T, seed=0)
     got = np.concatenate([loader.next()[0].flatten().numpy() for _ in range(L // (B * T) + 2)])
     ref = np.concatenate([stream, np.concatenate([corpus.doc(i) for i in loader._order(1)])])
     assert np.array_equal(got, ref[:len(got)])
@@ -282,13 +306,13 @@ def test_row_loader_epoch_is_a_permutation_of_the_split(corpus):
 
 
 def test_row_loader_resume(corpus):
-    a = data.RowLoader(corpus, "train", 2, 32, seed=3)
+    a = RowLoader(corpus, "train", 2, 32, seed=3)
     for _ in range(5):
         a.next()
     state = a.state_dict()
     assert set(state) == {"epoch", "position"} and all(type(v) is int for v in state.values())
     expect = a.next()
-    b = data.RowLoader(corpus, "train", 2, 32, seed=3)
+    b = RowLoader(corpus, "train", 2, 32, seed=3)
     b.load_state_dict(state)
     got = b.next()
     assert torch.equal(got[0], expect[0]) and torch.equal(got[1], expect[1])
@@ -297,25 +321,25 @@ def test_row_loader_resume(corpus):
 
 
 def test_tiny_split_repeats_and_empty_split_errors(tmp_path):
-    c = data.load_corpus(data_cfg(tmp_path, write_corpus(tmp_path / "t.txt", ["a: x", "b: yy", "c: zzz"])))
-    assert all(len(c.splits[s]) == 1 for s in data.SPLITS)
-    x, y = data.RowLoader(c, "val", 4, 32, seed=0).next()  # 129 tokens from a 5-token split
+    c = load_corpus(data_cfg(tmp_path, write_corpus(tmp_path / "t.txt", ["a: x", "b: yy", "c: zzz"])))
+    assert all(len(c.splits[s]) == 1 for s in SPLITS)
+    x, y = RowLoader(c, "val", 4, 32, seed=0).next()  # 129 tokens from a 5-token split
     doc = torch.from_numpy(c.doc(int(c.splits["val"][0])).astype(np.int64))
     assert torch.equal(x.flatten()[:2 * len(doc)], doc.repeat(2))
-    assert len(data.eval_batches(c, "test", 4, 32, n=3)) == 3
+    assert len(eval_batches(c, "test", 4, 32, n=3)) == 3
 
-    two = data.load_corpus(data_cfg(tmp_path, write_corpus(tmp_path / "two.txt", ["a: x", "b: y"])))
+    two = load_corpus(data_cfg(tmp_path, write_corpus(tmp_path / "two.txt", ["a: x", "b: y"])))
     with pytest.raises(DataError, match="split 'val' is empty"):
-        data.RowLoader(two, "val", 1, 4, seed=0)
+        RowLoader(two, "val", 1, 4, seed=0)
     with pytest.raises(DataError, match="split 'test' is empty"):
-        data.eval_batches(two, "test", 1, 4, n=1)
+        eval_batches(two, "test", 1, 4, n=1)
     with pytest.raises(DataError, match="unknown split"):
-        data.eval_batches(two, "dev", 1, 4, n=1)
+        eval_batches(two, "dev", 1, 4, n=1)
 
 
 def test_eval_batches_fixed(corpus):
-    a = data.eval_batches(corpus, "val", 2, 16, n=4)
-    b = data.eval_batches(corpus, "val", 2, 16, n=4)
+    a = eval_batches(corpus, "val", 2, 16, n=4)
+    b = eval_batches(corpus, "val", 2, 16, n=4)
     assert len(a) == 4 and all(x.shape == y.shape == (2, 16) for x, y in a)
     assert all(torch.equal(x1, x2) and torch.equal(y1, y2) for (x1, y1), (x2, y2) in zip(a, b))
     ids = corpus.splits["val"]
@@ -330,7 +354,7 @@ def test_eval_batches_fixed(corpus):
 @pytest.mark.parametrize("policy", ["all", "completion", "random:0.5"])
 def test_window_invariants(corpus, policy):
     W = 256
-    windows = data.make_windows(corpus, "train", W, policy, n=6)
+    windows = make_windows(corpus, "train", W, policy, n=6)
     assert len(windows) == 6
     for w in windows:
         assert window_faults(w, corpus, policy, W) == []
@@ -346,7 +370,7 @@ def test_window_invariants(corpus, policy):
 
 
 def test_window_checker_catches_planted_faults(corpus):
-    (w,) = data.make_windows(corpus, "train", 256, "completion", n=1)
+    (w,) = make_windows(corpus, "train", 256, "completion", n=1)
     assert w.documents >= 2
     crossing = dataclasses.replace(w, next=w.next.clone())
     crossing.next[int((w.doc == 0).sum()) - 1] = w.idx[int((w.doc == 0).sum())]  # into the next doc
@@ -358,7 +382,7 @@ def test_window_checker_catches_planted_faults(corpus):
 
 
 def test_completion_mask_excludes_prompt(corpus):
-    (w,) = data.make_windows(corpus, "train", 512, "completion", n=1)
+    (w,) = make_windows(corpus, "train", 512, "completion", n=1)
     for j, i in enumerate(w.doc_ids):
         sel = w.doc == j
         scored = w.pos[sel][w.loss_mask[sel]] + 1  # indices within the document of the scored targets
@@ -368,16 +392,16 @@ def test_completion_mask_excludes_prompt(corpus):
 
 
 def test_random_policy_seeded(corpus):
-    a = data.make_windows(corpus, "train", 1024, "random:0.3", n=3, seed=0)
-    b = data.make_windows(corpus, "train", 1024, "random:0.3", n=3, seed=0)
-    c = data.make_windows(corpus, "train", 1024, "random:0.3", n=3, seed=1)
+    a = make_windows(corpus, "train", 1024, "random:0.3", n=3, seed=0)
+    b = make_windows(corpus, "train", 1024, "random:0.3", n=3, seed=0)
+    c = make_windows(corpus, "train", 1024, "random:0.3", n=3, seed=1)
     assert all(torch.equal(x.loss_mask, y.loss_mask) for x, y in zip(a, b))
     assert not torch.equal(a[0].loss_mask, c[0].loss_mask)
     assert not torch.equal(a[0].loss_mask[:500], a[1].loss_mask[:500])  # a new draw per window
     assert [w.doc_ids for w in a] == [w.doc_ids for w in c]  # the seed only moves the mask
     kept = sum(int(w.loss_mask.sum()) for w in a) / sum(int((w.next != IGNORE).sum()) for w in a)
     assert 0.25 < kept < 0.35  # ~3000 Bernoulli(0.3) draws: sd 0.008, so this is > 6 sd
-    full = data.make_windows(corpus, "train", 1024, "random:1", n=1)[0]
+    full = make_windows(corpus, "train", 1024, "random:1", n=1)[0]
     assert torch.equal(full.loss_mask, full.next != IGNORE)
 
 
@@ -385,8 +409,8 @@ def test_window_errors(corpus):
     longest = int(np.argmax(np.diff(corpus.offsets)[corpus.splits["train"]]))
     L = len(corpus.doc(corpus.splits["train"][longest]))
     with pytest.raises(DataError, match=f"window_positions={L - 1} is too small for document .* of {L} tokens"):
-        data.make_windows(corpus, "train", L - 1, "all", n=10 ** 6)
+        make_windows(corpus, "train", L - 1, "all", n=10 ** 6)
     with pytest.raises(DataError, match="fills only"):
-        data.make_windows(corpus, "val", 10 ** 6, "all", n=2)
+        make_windows(corpus, "val", 10 ** 6, "all", n=2)
     with pytest.raises(config.ConfigError):
-        data.make_windows(corpus, "val", 512, "random:2", n=1)
+        make_windows(corpus, "val", 512, "random:2", n=1)

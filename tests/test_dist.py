@@ -20,16 +20,19 @@ import pytest
 import torch
 
 from seamkit import config as C
+from seamkit import loop as L
 from seamkit import optim as OPT
 from seamkit.cli import build_config
 from seamkit.cli import parser as cli_parser
-from seamkit.data.corpus import RowLoader, eval_batches, load_corpus
+from seamkit.data.load import load_corpus
+from seamkit.data.rows import RowLoader
 from seamkit.model import lm_loss
 from seamkit.report import load_report
 from seamkit.seams import arm as T
 from seamkit.seams import pipeline as D
 from seamkit.seams.pipeline.stage import SLOW_S
-from tests.conftest import ROOT
+from seamkit.seams.pipeline.wire import measured_bytes
+from tests.conftest import ROOT, default_sigint
 
 STEPS = 3
 
@@ -130,11 +133,11 @@ def test_the_bytes_check_can_fail(two):
     plan = D.make_plan(cfg, 2)
     act = report["bytes"]["activation_bytes_per_seam"]
     ranks = [dict(r) for r in report["per_rank"]["e2e"]]
-    again = D.measured_bytes("e2e", ranks, plan.crossings(), plan.owner, act, plan.micro_batches)
+    again = measured_bytes("e2e", ranks, plan.crossings(), plan.owner, act, plan.micro_batches)
     assert again == report["measured_bytes"]["e2e"]
     ranks[1] = {**ranks[1], "traffic": [{**c, "bytes": c["bytes"] - 4} if c["kind"] == "gradient" else c
                                         for c in ranks[1]["traffic"]]}
-    bad = D.measured_bytes("e2e", ranks, plan.crossings(), plan.owner, act, plan.micro_batches)
+    bad = measured_bytes("e2e", ranks, plan.crossings(), plan.owner, act, plan.micro_batches)
     assert not bad["agrees"] and not bad["sent_equals_received"]
 
 
@@ -146,16 +149,16 @@ def test_each_arm_runs_in_fresh_processes_and_reports_growth(two):
     assert report["arm_isolation"].startswith("process")
     for arm in ("e2e", "local"):
         for r in report["per_rank"][arm]:
-            assert r["peak_rss_growth_bytes"] == r["peak_rss_bytes"] - r["rss_start_bytes"] >= 0
-        assert report["arms"][arm]["peak_rss_growth_bytes"] == max(
-            r["peak_rss_growth_bytes"] for r in report["per_rank"][arm])
-    assert report["local_over_e2e"]["peak_memory_growth"] is not None
+            assert r["rss_growth_bytes"] == r["peak_rss_bytes"] - r["rss_start_bytes"] >= 0
+        assert report["arms"][arm]["rss_growth_bytes"] == max(
+            r["rss_growth_bytes"] for r in report["per_rank"][arm])
+    assert report["local_over_e2e"]["memory_growth"] is not None
 
 
 # ----------------------------------------------------------------------------- same numbers as one process
 
 def _reference_e2e(cfg, corpus, micro_batches: int) -> tuple[dict, float, float]:
-    """train.py's e2e arm, with the batch cut into micro-batches as the pipeline cuts it
+    """The one-process e2e arm (seams.arm), with the batch cut into micro-batches as the pipeline cuts it
     (micro_batches 0: the study's own step, the whole batch at once). Returns the weights, the
     last training loss and the held-out loss."""
     a = T.build_arm("e2e", cfg, corpus)
@@ -176,7 +179,7 @@ def _reference_e2e(cfg, corpus, micro_batches: int) -> tuple[dict, float, float]
         a.opt.step()
         a.opt.zero_grad(set_to_none=True)
         loss = loss.item()
-    held_out = eval_batches(corpus, "val", cfg.data.batch, cfg.model.seq, cfg.train.eval_batches)
+    held_out = L.held_out(corpus, cfg)
     return a.model.state_dict(), loss, T.evaluate(a, held_out)
 
 
@@ -234,7 +237,7 @@ def test_multi_stage_schedules_match_one_process_and_count_their_crossings(sched
 
 @pytest.mark.parametrize("run", ["two", "three"])
 def test_local_matches_single_process(run, request):
-    """The asynchronous pipeline trains exactly what train.py's local arm trains."""
+    """The asynchronous pipeline trains exactly what the one-process local arm (seams.arm) trains."""
     cfg, report, d = request.getfixturevalue(run)
     corpus = load_corpus(cfg.data)
     cfg = C.override(cfg, {"seams.seams": ",".join(map(str, report["seams"]))})
@@ -387,7 +390,7 @@ def test_ctrl_c_writes_what_it_had(tmp_path):
     out = tmp_path / "r.json"
     p = subprocess.Popen([sys.executable, "-m", "seamkit.seams.pipeline", "--stages", "2", "--preset", "tiny", "--threads", "1",
                           "--budget", "300", "--out", str(out)], cwd=ROOT, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE)
+                         stderr=subprocess.PIPE, preexec_fn=default_sigint)
     seen = bytearray()
 
     def read():
@@ -407,3 +410,37 @@ def test_ctrl_c_writes_what_it_had(tmp_path):
     assert report["arms"]["e2e"]["status"] == "interrupted" and report["arms"]["e2e"]["steps"] > 0
     assert report["arms"]["local"]["status"] == "not_run"
     assert json.loads(out.read_text())["measured_bytes"]["e2e"]["agrees"]
+
+
+# ----------------------------------------------------------------------------- one report schema
+
+# what only a pipeline run has (its placement) and what only the one-device study has (its seeds)
+PIPELINE_ONLY = {"stages", "backend", "wire_dtype", "wire_bytes_per_value", "bytes_reference_bf16", "micro_batches",
+                 "queue", "pipeline_schedule", "comparison", "measured_bytes", "measured_matches_analytic",
+                 "per_rank", "bubble"}
+STUDY_ONLY = {"repeats", "repeats_requested", "seeds", "aggregate", "corpus"}
+ARM_STUDY_ONLY = {"costs", "slices", "slices_raw"}  # the study's cost counting and its turns
+
+
+def _key_tree(d, skip=frozenset()):
+    if isinstance(d, dict):
+        return {k: _key_tree(v) for k, v in d.items() if k not in skip}
+    return type(d).__name__ if d is not None else None
+
+
+def test_pipeline_and_one_device_reports_have_one_key_tree(two, tmp_path):
+    """One config on 2 stages and on one device: the same keys at every level (and the same kind
+    of value where both measured one), placement and seed keys aside."""
+    from seamkit.seams import study as ST
+    cfg, pipe, _ = two
+    one = ST.seams_study(C.override(cfg, {"seams.seams": ",".join(map(str, pipe["seams"]))}), tmp_path / "one.json",
+                         progress=False, isolate=False)
+    assert set(pipe) - PIPELINE_ONLY == set(one) - STUDY_ONLY
+    for arm in ("e2e", "local"):
+        p, o = pipe["arms"][arm], one["arms"][arm]
+        assert set(p) == set(o) - ARM_STUDY_ONLY, (arm, set(p) ^ (set(o) - ARM_STUDY_ONLY))
+        for k in p:  # a value both placements measured has one type (None: not measured there)
+            if p[k] is not None and o[k] is not None and k not in ("checkpoint",):
+                assert type(p[k]) is type(o[k]), (arm, k, p[k], o[k])
+    assert set(pipe["local_over_e2e"]) == set(one["local_over_e2e"])
+    assert pipe["lr_schedule"] == one["lr_schedule"] == "steps" and "schedule" not in pipe and "schedule" not in one

@@ -17,16 +17,16 @@ pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="us
 @pytest.fixture
 def no_work(monkeypatch):
     """Every study entry point, replaced by one that records that it was reached."""
-    import seamkit.study
-    import seamkit.train
-
     import seamkit.data.tokenfiles
     import seamkit.pruning.study
     import seamkit.reproduce
+    import seamkit.seams.run
+    import seamkit.seams.study
     reached = []
-    # where the CLI looks them up when it runs: `seamkit seams` calls study.seams_study
-    for mod, name in ((seamkit.train, "train_run"), (seamkit.study, "seams_study"),
-                      (seamkit.pruning.study, "prune_check"), (seamkit.reproduce, "reproduce"), (seamkit.data.tokenfiles, "prepare")):
+    # where the CLI looks them up when it runs: `seamkit seams` calls seams.study.seams_study
+    for mod, name in ((seamkit.seams.run, "train_run"), (seamkit.seams.study, "seams_study"),
+                      (seamkit.pruning.study, "prune_check"), (seamkit.reproduce, "reproduce"),
+                      (seamkit.data.tokenfiles, "prepare")):
         monkeypatch.setattr(mod, name, lambda *a, name=name, **k: reached.append(name))
     return reached
 
@@ -58,7 +58,7 @@ def test_prune_check_output_and_override(tiny_checkpoint, no_work, capsys):
     base = ["prune-check", "--preset", "tiny", "--checkpoint", str(tiny_checkpoint)]
     assert cli.main([*base, "--out", "/proc/pruning.json"]) == 2
     assert "cannot write /proc/pruning.json" in capsys.readouterr().err
-    assert cli.main([*base, "--set", "model.dim=64", "--out", "/tmp/unused.json"]) == 2
+    assert cli.main([*base, "--set", "model.dim=64", "--out", str(tiny_checkpoint.parent / "unused.json")]) == 2
     err = capsys.readouterr().err
     assert err.strip() == (f"seamkit prune-check: error: --set model.dim=64 contradicts checkpoint {tiny_checkpoint}, "
                            f"which has model.dim=32; drop the override or use another checkpoint")

@@ -1,4 +1,5 @@
-"""Installable: a built wheel, installed into a fresh venv, trains the tiny preset from another directory.
+"""Installable: a built wheel, installed into a fresh venv, trains the tiny preset from another directory;
+a checkout made without symlinks reads the shipped corpus.
 
 The fresh venv gets seamkit only from the wheel; its dependencies (torch and the rest) come from
 this interpreter's site-packages through a .pth file, so the test downloads nothing. A .pth
@@ -54,7 +55,7 @@ def test_wheel_installs_and_trains_from_another_directory(wheel, tmp_path):
 
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    where = _run([py, "-c", "import seamkit, seamkit.data.corpus as d; print(seamkit.__file__); print(d.SHIPPED['wordnet'])"],
+    where = _run([py, "-c", "import seamkit, seamkit.data.documents as d; print(seamkit.__file__); print(d.SHIPPED['wordnet'])"],
                  cwd=elsewhere).split()
     assert all(Path(p).is_relative_to(site / "seamkit") for p in where), where  # the wheel's code and corpus
     _run([venv / "bin" / "seamkit", "train", "--preset", "tiny", "--max-steps", "2", "--threads", "1",
@@ -62,3 +63,35 @@ def test_wheel_installs_and_trains_from_another_directory(wheel, tmp_path):
     summary = json.loads((elsewhere / "run" / "summary.json").read_text())
     assert summary["status"] == "complete" and summary["steps"] == 2
     assert summary["run_config"]["data"]["corpus"] == "wordnet"
+
+
+def test_checkout_without_symlinks_reads_the_shipped_corpus(tmp_path):
+    """`git -c core.symlinks=false clone` writes seamkit/corpora/wordnet.jsonl.gz, a tracked link, as a
+    text file holding the link's target; seamkit imported from that clone still reads the corpus.
+
+    The clone holds the committed tree; the checkout's other files (edits and new files git does not
+    ignore) are copied over it, so the code under test is this checkout's, and every link stays as
+    git wrote it.
+    """
+    if shutil.which("git") is None:
+        pytest.skip("git is not installed")
+    clone = tmp_path / "clone"
+    _run(["git", "-c", "core.symlinks=false", "clone", "-q", ROOT, clone], cwd=tmp_path)
+    listed = _run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard", "seamkit"], cwd=ROOT)
+    for rel in filter(None, listed.split("\0")):
+        src = ROOT / rel
+        if src.is_file() and not src.is_symlink():
+            (clone / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, clone / rel)
+    link = clone / "seamkit" / "corpora" / "wordnet.jsonl.gz"
+    assert not link.is_symlink() and link.read_text().strip() == "../../data/wordnet.jsonl.gz"
+
+    env = {k: v for k, v in os.environ.items() if k != "VIRTUAL_ENV"} | {"PYTHONPATH": str(clone)}
+    code = ("import seamkit, seamkit.data.documents as d; print(seamkit.__file__); print(d.SHIPPED['wordnet']); "
+            "print(next(d.iter_documents(d.SHIPPED['wordnet']))[0])")
+    out = subprocess.run([sys.executable, "-c", code], cwd=clone, env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    package, shipped, first = out.stdout.splitlines()
+    assert Path(package) == clone / "seamkit" / "__init__.py"
+    assert Path(shipped) == (clone / "data" / "wordnet.jsonl.gz").resolve()
+    assert first.startswith("entity: that which is perceived")

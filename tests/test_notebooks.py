@@ -11,7 +11,6 @@ import nbformat
 import pytest
 
 from seamkit.report import load_report
-from seamkit.reproduce import run_notebook
 from seamkit.seams.arm import checkpoint_path
 from tests.conftest import REFERENCE
 
@@ -24,7 +23,6 @@ PARAMETERS = {
                          "interactive"},
     "03_sweep.ipynb": {"sweep_dir", "x", "series", "interactive"},  # run under papermill in tests/test_sweep.py
 }
-TINY = {"preset": "tiny", "interactive": False}
 
 
 def test_both_notebooks_exist():
@@ -75,16 +73,14 @@ def _small_outputs(executed: Path) -> None:
     assert not errors
 
 
-@pytest.fixture(scope="module")
-def seams_run(tmp_path_factory):
-    out = tmp_path_factory.mktemp("nb")
-    params = {**TINY, "budget_seconds": 2.0, "out_dir": str(out)}
-    executed = run_notebook(NOTEBOOKS / "01_seams.ipynb", out / "01_seams.ipynb", params)
-    return out, executed
+# The papermill runs are `seamkit reproduce`'s (conftest.reproduced): the seams notebook, then the
+# pruning one on the e2e checkpoint it left, each with the tiny preset and one window.
 
-
-def test_seams_notebook_under_papermill(seams_run):
-    out, executed = seams_run
+def test_seams_notebook_under_papermill(reproduced):
+    out, summary = reproduced
+    executed = out / "01_seams.ipynb"
+    params = json.loads(executed.read_text())["metadata"]["papermill"]["parameters"]
+    assert params["preset"] == "tiny" and params["interactive"] is False
     report = load_report(out / "seams.json", "seams")
     ref = json.loads((REFERENCE / "seams_report.json").read_text())
     assert _keys(ref, report) == []
@@ -96,11 +92,11 @@ def test_seams_notebook_under_papermill(seams_run):
     assert "traffic e2e/local" in text  # and the summary table
 
 
-def test_pruning_notebook_under_papermill(seams_run):
-    out, _ = seams_run
-    params = {**TINY, "checkpoint": str(checkpoint_path(out / "seams.json", "e2e")), "windows": 1, "samples": 1,
-              "out_dir": str(out)}
-    executed = run_notebook(NOTEBOOKS / "02_pruning.ipynb", out / "02_pruning.ipynb", params)
+def test_pruning_notebook_under_papermill(reproduced):
+    out, summary = reproduced
+    executed = out / "02_pruning.ipynb"
+    params = json.loads(executed.read_text())["metadata"]["papermill"]["parameters"]
+    assert params["checkpoint"] == str(checkpoint_path(out / "seams.json", "e2e"))
     report = load_report(out / "pruning.json", "pruning")
     ref = json.loads((REFERENCE / "pruning_report.json").read_text())
     assert _keys(ref, report) == []

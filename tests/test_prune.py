@@ -7,7 +7,8 @@ import torch
 import torch.nn.functional as F
 
 from seamkit import config as C
-from seamkit.data.corpus import Window
+from seamkit.costs import measured_flops
+from seamkit.data.windows import Window
 from seamkit.model import GPT, IGNORE
 from seamkit.pruning import bitwise as prune_bitwise
 from seamkit.pruning import rules as prune
@@ -173,7 +174,7 @@ def test_arithmetic_step_float64_within_1e12(model, name, threads):
     loss_b, g_b = grads_of(m, lambda: prune.base_loss(m, w))
     ran = {}
     loss_p, g_p = grads_of(m, lambda: prune.pruned_loss(m, prune.plan(w), ran))
-    # 1e-12 is the issue's bound; measured differences are ~1e-16 (summation order)
+    # 1e-12 is the study's float64 bound; measured differences are ~1e-16 (summation order)
     assert abs(float(loss_b - loss_p)) <= 1e-12
     assert max(float((g_b[n] - g_p[n]).abs().max()) for n in g_b) <= 1e-12
     p = prune.plan(w)
@@ -221,8 +222,8 @@ def test_measured_flops_save_what_the_plan_promises(model, name):
     w = WINDOWS[name]()
     p = prune.plan(w)
     planned = prune.plan_flops(model.cfg, p)
-    base = prune.measured_flops(lambda: prune.base_loss(model, w))
-    pruned = prune.measured_flops(lambda: prune.pruned_loss(model, prune.plan(w)))
+    base = measured_flops(lambda: prune.base_loss(model, w))
+    pruned = measured_flops(lambda: prune.pruned_loss(model, prune.plan(w)))
     model.zero_grad(set_to_none=True)
     assert planned["base"] > planned["pruned"] > 0
     assert base - pruned >= planned["base"] - planned["pruned"]
@@ -232,7 +233,7 @@ def test_flop_counter_counts_the_cpu_attention_kernels():
     """Without the CPU flash formulas, attention would count 0 FLOPs and no fault there would show."""
     q, k, v = (torch.randn(1, 2, 16, 8, requires_grad=True) for _ in range(3))
     mask = torch.ones(16, 16, dtype=torch.bool).tril()
-    flops = prune.measured_flops(lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask).sum())
+    flops = measured_flops(lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask).sum())
     assert flops == 14 * 2 * 16 * 16 * 8  # forward 2 GEMMs, backward 5, of 2*q*k*D per head
 
 

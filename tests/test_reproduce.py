@@ -11,14 +11,6 @@ from seamkit.cli import main
 from seamkit.report import load_report
 from seamkit.reproduce import NOTEBOOKS, NotebookError, reproduce, run_notebook
 
-TINY = {"train.budget_seconds": 2.0, "prune.windows": 1, "prune.samples": 1}
-
-
-@pytest.fixture(scope="module")
-def reproduced(tmp_path_factory):
-    out = tmp_path_factory.mktemp("reproduce") / "reports"
-    return out, reproduce(preset="tiny", out_dir=out, overrides=TINY, echo=False)
-
 
 def test_reproduce_writes_notebooks_reports_and_offline_figures(reproduced):
     out, summary = reproduced

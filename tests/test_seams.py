@@ -1,4 +1,4 @@
-"""seams.py: seam placement, segment ownership, the local objectives (through gradients) and traffic."""
+"""seams.cuts and seams.objectives: seam placement, segment ownership, the local objectives (through gradients) and traffic."""
 
 import json
 
@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from seamkit import config as C
-from seamkit.data.corpus import RowLoader, load_corpus
+from seamkit.data.load import load_corpus
+from seamkit.data.rows import RowLoader
 from seamkit.model import GPT, lm_loss
 from seamkit.seams import arm as T
 from seamkit.seams import cuts as CUTS

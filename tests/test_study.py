@@ -10,11 +10,11 @@ import pytest
 from seamkit import checkpoint
 from seamkit import config as C
 from seamkit import report as R
-from seamkit import stats as STATS
 from seamkit.seams import arm as T
 from seamkit.seams import report as REP
 from seamkit.seams import study as S
 from seamkit.seams.costs import arm_costs
+from seamkit.seams.result import ArmResult
 from tests.conftest import REFERENCE
 
 NULLABLE_ON_CPU = {"gpu", "peak_vram_bytes"}  # the reference ran on a GPU; on CPU these are null
@@ -24,31 +24,20 @@ def steps_cfg(n=4, **kw):
     return C.override(C.tiny(), {"train.max_steps": n, "train.budget_seconds": 0.0, **kw})
 
 
-def test_stats_mean_std_and_student_interval():
-    s = STATS.stats([1.0, 2.0, 3.0])
-    assert s["mean"] == 2.0 and s["std"] == 1.0 and s["n"] == 3
-    assert s["ci95"] == pytest.approx([2 - 4.303 / math.sqrt(3), 2 + 4.303 / math.sqrt(3)])  # t(0.975, 2 df)
-    assert STATS.stats([5.0])["ci95"] is None and STATS.stats([None, float("nan")]) is None
-
-
-def test_equal_token_marks_and_time_to_target():
+def test_equal_token_marks():
     snaps = {"e2e": [{"step": s} for s in (4, 8, 12, 16, 20)], "local": [{"step": s} for s in (4, 8, 12, 16)]}
     assert S.equal_token_marks(snaps, {"e2e": 22, "local": 15}, 3) == [4, 8, 12]  # common, <= the slower's 15
     assert S.equal_token_marks(snaps, {"e2e": 22, "local": 17}, 2) == [8, 16]
-    pts = {"e2e": [(1.0, 3.0), (2.0, 2.0), (3.0, 1.5)], "local": [(1.0, 2.5), (4.0, 1.8)]}
-    got = S.time_to_target(pts, 1.8)
-    assert got["e2e"] == pytest.approx(2.0 + 1.0 * (2.0 - 1.8) / (2.0 - 1.5)) and got["local"] == pytest.approx(4.0)
-    assert S.time_to_target({"e2e": [(1.0, 3.0)]}, 1.0) == {"e2e": None}
 
 
 def _fake_result(arm, seed, loss, tps):
-    return {"arm": arm, "status": "complete", "steps": 10, "tokens": 1280, "elapsed_s": 1280 / tps,
-            "tokens_per_s": tps, "final_loss": loss, "final_ppl": math.exp(loss), "peak_vram_bytes": None,
-            "peak_rss_bytes": 500 + seed, "rss_start_bytes": 400, "rss_growth_bytes": 100 + seed,
-            "loss_curve": [5.0, loss + seed], "loss_curve_steps": [0, 9], "loss_curve_elapsed_s": [0.0, 1.0],
-            "loss_curve_tokens": [0, 1152], "loss_curve_lr": [1e-4, 1e-4], "loss_curve_segments": [[5.0], [loss]],
-            "failed_step": None, "max_step_s": 0.1, "objective": None, "segments": [[0]], "checkpoint": None,
-            "lr_final": 1e-4, "slices": [{"tokens_per_s": tps}]}
+    return ArmResult(arm=arm, status="complete", steps=10, tokens=1280, elapsed_s=1280 / tps, tokens_per_s=tps,
+                     final_loss=loss, final_loss_stderr=None, eval_tokens=256, peak_vram_bytes=None,
+                     vram_growth_bytes=None, peak_rss_bytes=500 + seed, rss_start_bytes=400,
+                     rss_growth_bytes=100 + seed, lr_final=1e-4, max_step_s=0.1, failed_step=None, objective=None,
+                     segments=[[0]], loss_curve=[5.0, loss + seed], loss_curve_steps=[0, 9],
+                     loss_curve_elapsed_s=[0.0, 1.0], loss_curve_tokens=[0, 1152], loss_curve_lr=[1e-4, 1e-4],
+                     loss_curve_segments=[[5.0], [loss]], slices=[{"tokens_per_s": tps}])
 
 
 def test_report_holds_means_at_the_reference_keys_and_paired_statistics():
@@ -133,7 +122,7 @@ def test_interrupt_in_process_writes_an_interrupted_report(tmp_path):
 
 def test_aux_head_costs_are_counted():
     cfg = C.tiny()
-    from seamkit.data.corpus import load_corpus
+    from seamkit.data.load import load_corpus
     costs = arm_costs(cfg, load_corpus(cfg.data))
     m, k = cfg.model, min(cfg.seams.aux_classes, cfg.model.vocab) + 1
     n_heads = m.n_blocks - 1
@@ -179,3 +168,20 @@ def test_interleaved_interrupt_and_nan_end_cleanly(tmp_path):
     nan = S.seams_study(C.override(cfg, {"train.lr": 1e30}), tmp_path / "nan.json", progress=False)
     assert nan["status"] == "failed" and {nan["arms"][a]["status"] for a in T.ARMS} == {"failed"}
     assert R.load_report(tmp_path / "nan.json")["status"] == "failed"
+
+
+def test_the_study_aggregate_and_a_sweep_grid_point_give_one_interval():
+    """The same seeds summarised by the study's aggregate and by a sweep's grid point."""
+    from seamkit.sweep.stats import aggregate
+    cfg = C.override(C.tiny(), {"seams.repeats": 3})
+    losses = [2.9, 3.4, 3.0]
+    runs = [{"seed": k, "results": {"e2e": _fake_result("e2e", k, 2.0, 1000.0), "local": _fake_result("local", 0, v, 900.0)},
+             "views": {"equal_tokens": [], "time_to_target": None}} for k, v in enumerate(losses)]
+    study = REP.study_report(cfg, runs, False, True, {}, None)["aggregate"]["local"]["final_loss"]
+    plan = {"study": "seams", "preset": "tiny", "grid": {"seams": [1]}, "seeds": [0, 1, 2], "overrides": {}}
+    points = [{"id": f"seed={k}", "study": "seams", "dir": "", "grid": {"seams": 1}, "seed": k, "status": "complete",
+               "error": None, "seconds": 1.0, "report": {"arms": {"e2e": {"final_loss": 2.0, "tokens_per_s": 1.0},
+                                                                  "local": {"final_loss": v, "tokens_per_s": 1.0}},
+                                                         "local_over_e2e": {}}} for k, v in enumerate(losses)]
+    sweep = aggregate(plan, points)["aggregate"][0]["figures"]["local_final_loss"]
+    assert study == sweep and study["ci95"] is not None and study["n"] == 3

@@ -10,6 +10,7 @@ must agree bit for bit.
 import csv
 import json
 import math
+import shutil
 import signal
 import subprocess
 import sys
@@ -21,8 +22,8 @@ import pytest
 from seamkit.cli import main
 from seamkit.report import load_report
 from seamkit.reproduce import NOTEBOOKS, run_notebook
+from seamkit.sweep import plan as P
 from seamkit.sweep import run as S
-from seamkit.sweep.stats import t_quantile
 
 ROOT = Path(__file__).resolve().parents[1]
 SETTINGS = ["--preset", "tiny", "--threads", "1", "--set", "train.max_steps=3", "--set", "train.budget_seconds=600"]
@@ -68,7 +69,7 @@ def test_emitted_commands_are_self_contained_papermill_runs(emitted):
     assert sweep["status"] == "complete" and sweep["counts"] == {"complete": 4, "failed": 0, "pending": 0}
     assert sorted(p.name for p in (out / "figures").glob("*.html")) == [
         "sweep_final_loss_vs_seams.html", "sweep_memory_vs_seams.html", "sweep_speed_vs_seams.html",
-        "sweep_time_to_target_vs_seams.html"]
+        "sweep_train_curve_time_to_target_vs_seams.html"]
 
 
 def test_aggregate_equals_recomputation_from_reports(emitted):
@@ -84,12 +85,12 @@ def test_aggregate_equals_recomputation_from_reports(emitted):
                   "local_over_e2e_tokens_per_s": [r["local_over_e2e"]["tokens_per_s"] for r in reps],
                   "loss_gap": [r["arms"]["local"]["final_loss"] - r["arms"]["e2e"]["final_loss"] for r in reps]}
         for name, (a, b) in wanted.items():
-            mean, sd = (a + b) / 2, abs(a - b) / math.sqrt(2)
-            half = T_975_DF1 * sd / math.sqrt(2)
+            mean, std = (a + b) / 2, abs(a - b) / math.sqrt(2)
+            half = T_975_DF1 * std / math.sqrt(2)
             got = agg["figures"][name]
             assert got["n"] == 2
             assert got["mean"] == pytest.approx(mean, rel=1e-12, abs=1e-12)
-            assert got["sd"] == pytest.approx(sd, rel=1e-12, abs=1e-12)
+            assert got["std"] == pytest.approx(std, rel=1e-12, abs=1e-12)
             assert got["ci95"] == pytest.approx([mean - half, mean + half], rel=1e-9, abs=1e-12)
             for s, v in zip((0, 1), (a, b)):
                 assert float(rows[f"seams={seams}__seed={s}"][name]) == pytest.approx(v, rel=1e-12)
@@ -100,7 +101,7 @@ def test_aggregate_equals_recomputation_from_reports(emitted):
     first = reps[0]["arms"]["local"]
     t = next(t for v, t in zip(first["loss_curve"], first["loss_curve_elapsed_s"]) if v <= target)
     pid = sorted(out.glob("points/*/seams.json"))[0].parent.name
-    assert next(p for p in sweep["points"] if p["id"] == pid)["figures"]["local_time_to_target_s"] == t
+    assert next(p for p in sweep["points"] if p["id"] == pid)["figures"]["local_train_curve_time_to_target_s"] == t
 
 
 def test_rerun_skips_every_point_and_equals_collect(emitted, monkeypatch):
@@ -119,6 +120,27 @@ def test_rerun_skips_every_point_and_equals_collect(emitted, monkeypatch):
     direct = json.loads((out / "sweep.json").read_text())
     assert direct["points_run"] == 0
     assert direct["aggregate"] == collected["aggregate"] and direct["points"] == collected["points"]
+
+
+def test_a_report_lacking_a_config_key_the_point_asks_for_leaves_it_pending(emitted, tmp_path):
+    out, _, _ = emitted
+    d = tmp_path / "copy"
+    shutil.copytree(out, d)
+    plan = P.load_plan(d)
+    point = next(p for p in plan["points"] if p["id"] == "seams=2__seed=1")
+    assert "seams.seams" in point["expect"] and S.point_status(d, point)["status"] == "complete"
+    path = P.report_path(d, point)
+    report = json.loads(path.read_text())
+    del report["run_config"]["seams"]["seams"]  # a report that does not say which seams it cut
+    path.write_text(json.dumps(report))
+    st = S.point_status(d, point)
+    assert st["status"] == "pending" and st["report"] is None
+    assert st["error"] == "its report's config has no seams.seams"
+    report["run_config"]["seams"]["seams"] = "1"  # and one that cut others
+    path.write_text(json.dumps(report))
+    assert S.point_status(d, point)["error"].startswith("its report's config has seams.seams='1'")
+    sweep = S.collect(d, figures=False)
+    assert sweep["counts"] == {"complete": 3, "failed": 0, "pending": 1}
 
 
 def test_failed_point_is_recorded_and_the_others_complete(emitted, tmp_path):
@@ -175,14 +197,8 @@ def test_sweep_notebook_under_papermill(emitted, tmp_path):
     assert "local_final_loss" in text and "2/2" in text  # the table, with seeds done per grid point
 
 
-def test_t_quantiles_match_the_table():
-    table = {1: 12.7062, 2: 4.3027, 3: 3.1824, 4: 2.7764, 5: 2.5706, 10: 2.2281, 30: 2.0423}
-    for df, t in table.items():
-        assert t_quantile(0.975, df) == pytest.approx(t, abs=1e-4)
-
-
 def test_pruning_plan_takes_checkpoints_from_seams_points(tmp_path):
-    plan = S.make_plan("pruning", S.parse_grid(["policy=completion|random:0.5"]), tmp_path, preset="tiny",
+    plan = P.make_plan("pruning", P.parse_grid(["policy=completion|random:0.5"]), tmp_path, preset="tiny",
                        repeats=2, checkpoint="seams")
     assert [p["id"] for p in plan["points"]][:2] == ["checkpoint__seed=0", "checkpoint__seed=1"]
     for p in plan["points"][2:]:

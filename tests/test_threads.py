@@ -9,11 +9,12 @@ import time
 import pytest
 import torch
 
-from seamkit import checkpoint, resume, threads
+from seamkit import checkpoint, threads
 from seamkit import config as C
 from seamkit.config import ConfigError
 from seamkit.model import GPT
 from seamkit.optim import make_optimizer
+from seamkit.seams import resume
 
 
 @pytest.mark.parametrize("others, on2, on8", [(0.0, 2, 8), (0.4, 2, 8), (0.6, 1, 7), (1.0, 1, 7), (1.9, 1, 6),

@@ -13,9 +13,14 @@ import pytest
 import torch
 
 from seamkit import cli
-from seamkit.data import corpus as data
 from seamkit.data import tokenfiles as tokens
-from seamkit.data.corpus import DataError
+from seamkit.data.corpus import Corpus, tokenize_documents
+from seamkit.data.documents import SPLITS, split_documents
+from seamkit.data.errors import DataError
+from seamkit.data.load import load_corpus
+from seamkit.data.rows import RowLoader, epochs, eval_batches, repeat_warning
+from seamkit.data.tokenizers import get_tokenizer
+from seamkit.data.windows import make_windows
 from tests.test_data import data_cfg, lemma_docs
 
 
@@ -52,13 +57,13 @@ def _prepare(files, out, workers, shard_tokens=3000):
     return out
 
 
-def in_memory(docs) -> data.Corpus:
-    """What data.load_corpus builds from the same documents in one file."""
-    tok = data.get_tokenizer("bytes")
-    arrays = data.tokenize_documents(docs, tok)
-    return data.Corpus(name="mem", tokenizer=tok, tokens=arrays["tokens"], offsets=arrays["offsets"],
+def in_memory(docs) -> Corpus:
+    """What load_corpus builds from the same documents in one file."""
+    tok = get_tokenizer("bytes")
+    arrays = tokenize_documents(docs, tok)
+    return Corpus(name="mem", tokenizer=tok, tokens=arrays["tokens"], offsets=arrays["offsets"],
                        prompt_len=arrays["prompt_len"], words=arrays["words"],
-                       splits={s: np.asarray(v, np.int64) for s, v in data.split_documents(docs).items()})
+                       splits={s: np.asarray(v, np.int64) for s, v in split_documents(docs).items()})
 
 
 def test_prepared_corpus_equals_the_in_memory_one(prepared, docs):
@@ -69,9 +74,9 @@ def test_prepared_corpus_equals_the_in_memory_one(prepared, docs):
         assert tc.n_docs == mem.n_docs == len(docs)
         assert np.array_equal(tc.offsets, mem.offsets)
         assert np.array_equal(tc.prompt_len, mem.prompt_len) and np.array_equal(tc.words, mem.words)
-        assert all(np.array_equal(tc.splits[s], mem.splits[s]) for s in data.SPLITS)
+        assert all(np.array_equal(tc.splits[s], mem.splits[s]) for s in SPLITS)
         assert all(np.array_equal(tc.doc(i), mem.doc(i)) for i in range(mem.n_docs))
-        assert tc.n_tokens() == mem.n_tokens() and all(tc.n_tokens(s) == mem.n_tokens(s) for s in data.SPLITS)
+        assert tc.n_tokens() == mem.n_tokens() and all(tc.n_tokens(s) == mem.n_tokens(s) for s in SPLITS)
         for chunk in (50, 1 << 20):  # chunks smaller than a document, and the whole corpus at once
             assert np.array_equal(tc.token_counts("train", 258, chunk=chunk), mem.token_counts("train", 258))
 
@@ -79,14 +84,14 @@ def test_prepared_corpus_equals_the_in_memory_one(prepared, docs):
 def test_row_loader_reads_a_token_corpus_like_the_in_memory_one(prepared, docs):
     """Same batches, across several epochs, and the same held-out batches and windows."""
     mem, tc = in_memory(docs), prepared[1]
-    a, b = data.RowLoader(mem, "train", 4, 64, seed=3), data.RowLoader(tc, "train", 4, 64, seed=3)
+    a, b = RowLoader(mem, "train", 4, 64, seed=3), RowLoader(tc, "train", 4, 64, seed=3)
     for _ in range(3 * mem.n_tokens("train") // (4 * 64)):
         (xa, ya), (xb, yb) = a.next(), b.next()
         assert torch.equal(xa, xb) and torch.equal(ya, yb)
     assert b.epoch == 2 and a.state_dict() == b.state_dict() and a.epochs == b.epochs > 2
-    for (x1, y1), (x2, y2) in zip(data.eval_batches(mem, "val", 2, 16, 3), data.eval_batches(tc, "val", 2, 16, 3)):
+    for (x1, y1), (x2, y2) in zip(eval_batches(mem, "val", 2, 16, 3), eval_batches(tc, "val", 2, 16, 3)):
         assert torch.equal(x1, x2) and torch.equal(y1, y2)
-    w1, w2 = (data.make_windows(c, "test", 256, "completion", 1)[0] for c in (mem, tc))
+    w1, w2 = (make_windows(c, "test", 256, "completion", 1)[0] for c in (mem, tc))
     assert torch.equal(w1.idx, w2.idx) and torch.equal(w1.loss_mask, w2.loss_mask) and w1.words == w2.words
 
 
@@ -139,7 +144,7 @@ def test_train_from_a_token_directory(tmp_path, docs, capsys):
                      "--workers", "1"]) == 0
     assert f"--set data.corpus={out}" in capsys.readouterr().out
     cfg = data_cfg(tmp_path, out)
-    assert isinstance(data.load_corpus(cfg), tokens.TokenCorpus)
+    assert isinstance(load_corpus(cfg), tokens.TokenCorpus)
     assert cli.main(["train", "--preset", "tiny", "--max-steps", "3", "--set", f"data.corpus={out}",
                      "--out", str(tmp_path / "run")]) == 0
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
@@ -149,11 +154,11 @@ def test_train_from_a_token_directory(tmp_path, docs, capsys):
 def test_epochs_and_the_repeat_warning(prepared):
     tc = prepared[0]
     n = tc.n_tokens("train")
-    assert data.epochs(n // 2, tc) == (n // 2) / n
-    assert data.repeat_warning("e2e", n, tc) is None
-    msg = data.repeat_warning("local", 3 * n, tc)
+    assert epochs(n // 2, tc) == (n // 2) / n
+    assert repeat_warning("e2e", n, tc) is None
+    msg = repeat_warning("local", 3 * n, tc)
     assert msg.startswith("local: ") and "3.00 epochs" in msg and "repeats data" in msg and "\n" not in msg
-    assert tc.summary()["split_tokens"] == {s: tc.n_tokens(s) for s in data.SPLITS}
+    assert tc.summary()["split_tokens"] == {s: tc.n_tokens(s) for s in SPLITS}
 
 
 def test_token_corpus_errors(tmp_path, prepared):

@@ -1,5 +1,5 @@
-"""train.py: the arms, the step, the schedule, the budget loop and train_run (tiny preset, CPU);
-the study that runs the arms (in-process here) is tests/test_study.py."""
+"""seams.arm, seams.run and the loop: the arms, the step, the schedule, the budget loop and
+train_run (tiny preset, CPU); the study that runs the arms (in-process here) is tests/test_study.py."""
 
 import json
 import math
@@ -12,7 +12,8 @@ from seamkit import checkpoint
 from seamkit import config as C
 from seamkit import loop as L
 from seamkit import optim as OPT
-from seamkit.data.corpus import RowLoader, eval_batches, load_corpus
+from seamkit.data.load import load_corpus
+from seamkit.data.rows import RowLoader, eval_batches
 from seamkit.model import GPT, lm_loss
 from seamkit.seams import arm as T
 from seamkit.seams import run as TR
@@ -58,10 +59,10 @@ def test_a_budgeted_arm_anneals_when_its_budget_ends(corpus):
     r = T.run_arm("e2e", cfg, corpus)
     floor = cfg.train.lr * cfg.train.min_lr_frac
     # the last step starts within one step of the end: its progress is >= 1 - max_step_s / budget
-    p = 1 - r["max_step_s"] / cfg.train.budget_seconds
-    assert floor <= r["lr_final"] <= OPT.lr_at_progress(p, cfg.train) + 1e-12
-    assert r["lr_final"] < 0.5 * cfg.train.lr
-    assert r["loss_curve_lr"][0] == pytest.approx(floor, rel=0.05)  # warm-up starts at the floor (t0 is just past 0)
+    p = 1 - r.max_step_s / cfg.train.budget_seconds
+    assert floor <= r.lr_final <= OPT.lr_at_progress(p, cfg.train) + 1e-12
+    assert r.lr_final < 0.5 * cfg.train.lr
+    assert r.loss_curve_lr[0] == pytest.approx(floor, rel=0.05)  # warm-up starts at the floor (t0 is just past 0)
 
 
 def test_curve_marks_a_step_spanning_several_marks_fills_each(corpus):
@@ -69,7 +70,7 @@ def test_curve_marks_a_step_spanning_several_marks_fills_each(corpus):
     assert marks.due(0, 0.0) == 1 and marks.due(1, 0.6) == 2 and marks.due(2, 0.7) == 0 and marks.left() == 1
     # max_steps 3, 9 points: step marks 0,0,0,1,1,1,2,2 and the last step
     r = T.run_arm("e2e", steps_cfg(3, **{"train.curve_points": 9}), corpus)
-    assert r["loss_curve_steps"] == [0, 0, 0, 1, 1, 1, 2, 2, 2] and len(r["loss_curve"]) == 9
+    assert r.loss_curve_steps == [0, 0, 0, 1, 1, 1, 2, 2, 2] and len(r.loss_curve) == 9
 
 
 def test_callbacks_run_off_the_clock(corpus):
@@ -77,20 +78,20 @@ def test_callbacks_run_off_the_clock(corpus):
         if event["kind"] == "point":
             time.sleep(0.5)
     r = T.run_arm("e2e", steps_cfg(5), corpus, callback=slow)
-    assert len(r["loss_curve"]) == 5  # 2.5 s of callbacks; 5 tiny steps take well under 1 s, even on a busy machine
-    assert r["elapsed_s"] < 1.5, r["elapsed_s"]
+    assert len(r.loss_curve) == 5  # 2.5 s of callbacks; 5 tiny steps take well under 1 s, even on a busy machine
+    assert r.elapsed_s < 1.5, r.elapsed_s
 
 
 def test_final_loss_is_the_val_split_through_the_model(corpus, tmp_path):
-    cfg = steps_cfg(3, **{"train.eval_batches": 3})
+    cfg = steps_cfg(3, **{"train.eval_tokens": 3 * 4 * 32})  # 3 batches of the tiny preset
     r = T.run_arm("local", cfg, corpus, checkpoint_path=tmp_path / "l.pt")
     model = GPT(cfg.model)
     model.load_state_dict(checkpoint.load(tmp_path / "l.pt")["model"])
     with torch.no_grad():
         losses = [lm_loss(model(x), y) for x, y in eval_batches(corpus, "val", cfg.data.batch, cfg.model.seq, 3)]
-    assert r["final_loss"] == pytest.approx(torch.stack(losses).mean().item(), rel=1e-6)  # only summation order
-    assert r["final_loss_stderr"] == pytest.approx(torch.stack(losses).double().std().item() / math.sqrt(3), rel=1e-5)
-    assert r["eval_tokens"] == 3 * cfg.data.batch * cfg.model.seq
+    assert r.final_loss == pytest.approx(torch.stack(losses).mean().item(), rel=1e-6)  # only summation order
+    assert r.final_loss_stderr == pytest.approx(torch.stack(losses).double().std().item() / math.sqrt(3), rel=1e-5)
+    assert r.eval_tokens == 3 * cfg.data.batch * cfg.model.seq
 
 
 def test_held_out_tokens():
@@ -162,7 +163,7 @@ def test_local_without_seams_is_e2e_bit_for_bit(corpus, tmp_path):
     cfg = steps_cfg(4, **{"seams.seams": "none"})
     e2e = T.run_arm("e2e", cfg, corpus, checkpoint_path=tmp_path / "e2e.pt")
     local = T.run_arm("local", cfg, corpus, checkpoint_path=tmp_path / "local.pt")
-    assert local["loss_curve"] == e2e["loss_curve"] and local["final_loss"] == e2e["final_loss"]
+    assert local.loss_curve == e2e.loss_curve and local.final_loss == e2e.final_loss
     a, b = _model_state(tmp_path / "e2e.pt"), _model_state(tmp_path / "local.pt")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     # the comparison can fail: one seam changes the weights
@@ -199,31 +200,31 @@ def test_budget_is_kept_and_curve_spread(corpus):
     cfg = C.override(C.tiny(), {"train.budget_seconds": 1.0, "train.max_steps": 0, "train.curve_points": 9})
     events = []
     r = T.run_arm("local", cfg, corpus, callback=events.append)
-    assert r["status"] == "complete" and r["steps"] > 9
-    assert r["elapsed_s"] <= cfg.train.budget_seconds + r["max_step_s"]  # at most one step over
-    assert r["elapsed_s"] >= cfg.train.budget_seconds
-    assert len(r["loss_curve"]) == 9 and r["loss_curve_steps"][0] == 0
-    assert r["loss_curve_elapsed_s"][0] < 0.05  # step 0 starts right after the clock does (one clock read)
-    assert r["loss_curve_steps"][-1] == r["steps"] - 1
+    assert r.status == "complete" and r.steps > 9
+    assert r.elapsed_s <= cfg.train.budget_seconds + r.max_step_s  # at most one step over
+    assert r.elapsed_s >= cfg.train.budget_seconds
+    assert len(r.loss_curve) == 9 and r.loss_curve_steps[0] == 0
+    assert r.loss_curve_elapsed_s[0] < 0.05  # step 0 starts right after the clock does (one clock read)
+    assert r.loss_curve_steps[-1] == r.steps - 1
     marks = [j * cfg.train.budget_seconds / 8 for j in range(8)]
-    assert all(t >= m for t, m in zip(r["loss_curve_elapsed_s"], marks))  # first step at or after each mark
+    assert all(t >= m for t, m in zip(r.loss_curve_elapsed_s, marks))  # first step at or after each mark
     points = [e for e in events if e["kind"] == "point"]
-    assert [e["loss"] for e in points] == r["loss_curve"] and [e["index"] for e in points] == list(range(9))
+    assert [e["loss"] for e in points] == r.loss_curve and [e["index"] for e in points] == list(range(9))
     assert all(len(e["segment_losses"]) == 4 and e["segment_losses"][-1] == e["loss"] for e in points)
     kinds = [e["kind"] for e in events]
     assert kinds[0] == "start" and kinds[-1] == "end" and "progress" in kinds
-    assert events[-1]["result"]["final_loss"] == r["final_loss"]
+    assert events[-1]["result"].final_loss == r.final_loss
 
 
 def test_nan_loss_fails_the_arm(corpus, tmp_path):
     cfg = steps_cfg(10, **{"train.lr": 1e30})  # the first update blows the weights up
     r = T.run_arm("e2e", cfg, corpus, checkpoint_path=tmp_path / "nan.pt")
-    assert r["status"] == "failed" and r["failed_step"] == 1 and r["steps"] == 1
-    assert r["final_loss"] is None and all(math.isfinite(v) for v in r["loss_curve"])
+    assert r.status == "failed" and r.failed_step == 1 and r.steps == 1
+    assert r.final_loss is None and all(math.isfinite(v) for v in r.loss_curve)
 
 
 def test_interrupt_stops_between_steps_and_reports(corpus, tmp_path):
     calls = iter(range(1000))
     r = T.run_arm("e2e", steps_cfg(50), corpus, stop=lambda: next(calls) >= 3, checkpoint_path=tmp_path / "i.pt")
-    assert r["status"] == "interrupted" and r["steps"] == 3 and r["final_loss"] is None
+    assert r.status == "interrupted" and r.steps == 3 and r.final_loss is None
     assert checkpoint.load(tmp_path / "i.pt")["extra"]["status"] == "interrupted"

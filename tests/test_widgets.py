@@ -20,7 +20,7 @@ def test_build_config_is_override_on_a_preset():
 
 
 def test_enter_project_root_from_the_notebooks_folder(monkeypatch, tmp_path):
-    root = Path(widgets.__file__).resolve().parents[1]
+    root = Path(widgets.__file__).resolve().parents[2]
     monkeypatch.chdir(root / "notebooks")
     assert widgets.enter_project_root() == root and Path.cwd() == root
     monkeypatch.chdir(tmp_path)
@@ -28,7 +28,7 @@ def test_enter_project_root_from_the_notebooks_folder(monkeypatch, tmp_path):
 
 
 def _fake_events(cfg):
-    """The trainer's event sequence (train.py's docstring) for two short arms."""
+    """The trainer's event sequence (seamkit.loop's docstring) for two short arms."""
     for arm in ("e2e", "local"):
         yield {"kind": "start", "arm": arm, "budget_seconds": cfg.train.budget_seconds, "max_steps": 0,
                "tokens_per_step": 128, "segments": [[0, 1], [2, 3]], "objective": None}
@@ -172,13 +172,14 @@ def test_pruning_panel_runs_the_check(tmp_path):
     """The real study on a two-step checkpoint: the table shows the picked window's rows."""
     cfg = C.override(C.tiny(), {"train.max_steps": 2, "prune.windows": 2, "prune.samples": 1})
     T.run_arm("e2e", cfg, checkpoint_path=tmp_path / "ck.pt")
-    panel = widgets.PruningPanel("tiny", {"prune.windows": 2, "prune.samples": 1}, tmp_path / "ck.pt",
-                                 tmp_path / "pruning.json")
+    # the eager reference: the panel's wiring is under test here, the compiled one in test_check.py
+    chosen = {"prune.windows": 2, "prune.samples": 1, "prune.reference": "eager"}
+    panel = widgets.PruningPanel("tiny", chosen, tmp_path / "ck.pt", tmp_path / "pruning.json")
     panel.window.value = 1
     panel.check.click()
     assert panel.error is None
     report = load_report(tmp_path / "pruning.json", "pruning")
     assert report["status"] == "complete" and report == panel.report
-    assert panel.config == C.override(C.tiny(), {"prune.windows": 2, "prune.samples": 1})
+    assert panel.config == C.override(C.tiny(), chosen)
     rows = [line.split()[:2] for line in panel.table.value.splitlines() if line.strip()[:1].isdigit()]
     assert rows == [["1", "base"], ["1", "prune_exact"]]

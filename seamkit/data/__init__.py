@@ -1,7 +1,15 @@
 """The corpus both studies read: documents, tokenizers, splits, in-memory and token-file corpora,
 training rows and held-out windows.
 
-- `corpus`: documents, tokenizers, the deterministic splits, the in-memory corpus and its cache,
-  the row loader and the pruning study's windows.
-- `tokenfiles`: `seamkit data prepare` and memory-mapped token-file corpora.
+Modules, each importing only those above it:
+- `errors`: `DataError`, the one exception of the package.
+- `tokenizers`: the "qwen" and "bytes" tokenizers (`get_tokenizer`).
+- `documents`: which file a corpus name means (the shipped WordNet corpus or a user file), its
+  documents streamed from .txt / .jsonl(.gz) / .parquet, and the seed-free train/val/test split.
+- `corpus`: `Corpus`, the tokenized arrays of a corpus, and the in-memory one built from a file
+  and cached on disk.
+- `tokenfiles`: `seamkit data prepare` and memory-mapped token-file corpora (a `Corpus`).
+- `load`: `load_corpus`, the corpus a run config names: a file in memory or a token directory.
+- `rows`: the seams study's training rows (`RowLoader`, `eval_batches`) and epoch counts.
+- `windows`: the pruning study's document-packed windows (`make_windows`).
 """

@@ -5,11 +5,11 @@ documents from .txt, .jsonl (either optionally .gz) and .parquet files with a te
 format of FineWeb and most hub corpora), tokenizes them in several processes, and appends the
 ids to token shards. Nothing holds more than a few chunks of text at once; what grows with
 the corpus is 8 bytes per document (its split hash) until the split is decided at the end.
-Documents are encoded exactly as `data.load_corpus` encodes them (`data.encode_document`) and
-split by the same hash (`data.split_by_hash`), so a file and its token directory hold the same
-documents in the same splits.
+Documents are encoded exactly as an in-memory corpus encodes them (`corpus.encode_document`)
+and split by the same hash (`documents.split_by_hash`), so a file and its token directory hold
+the same documents in the same splits.
 
-`--set data.corpus=DIR` trains from it: `data.load_corpus` sees a directory and calls
+`--set data.corpus=DIR` trains from it: `load.load_corpus` sees a directory and calls
 `open_corpus`, which memory-maps every file; `RowLoader` then copies out only the documents
 each batch touches.
 
@@ -36,17 +36,16 @@ from pathlib import Path
 import numpy as np
 from tqdm.auto import tqdm
 
-from seamkit.data.corpus import (
+from seamkit.data.corpus import Corpus, encode_document
+from seamkit.data.documents import (
     SPLITS,
-    Corpus,
-    DataError,
     corpus_kind,
     doc_hash,
-    encode_document,
-    get_tokenizer,
     iter_documents,
     split_by_hash,
 )
+from seamkit.data.errors import DataError
+from seamkit.data.tokenizers import get_tokenizer
 from seamkit.report import atomic_write_text
 
 FORMAT = 1
@@ -215,7 +214,7 @@ def _is_corpus_file(p: Path) -> bool:
 
 @dataclass
 class TokenCorpus(Corpus):
-    """A `data.Corpus` whose arrays are memory-mapped token files; `doc(i)` reads one document.
+    """A `corpus.Corpus` whose arrays are memory-mapped token files; `doc(i)` reads one document.
 
     There is no single `tokens` array: the shards stay separate files. Pages of a mapped file
     that a process has read count in its RSS until it unmaps them, and the kernel maps far

@@ -1,7 +1,13 @@
 """The pruning study: skip the work of a training step that provably cannot reach the loss, and
 prove it against a compiled, unpruned reference step.
 
-- `rules`: which positions reach the loss, the plan, the pruned step (exact in arithmetic).
+Modules, each importing only those above it:
+- `rules`: which positions reach the loss, the plan, the pruned step (exact in arithmetic), FLOPs.
 - `bitwise`: the pruned step arranged to match the unpruned step bit for bit on this CPU.
-- `study`: `prune-check`: both modes against the reference, the rule probes, the timings, the report.
+- `step`: one training step from the checkpoint (`Stepper`), and the step each mode runs.
+- `compare`: the four differences between two steps, and what a step ran (`stats`).
+- `reference`: the compiled reference step, and the determinism compared steps run under.
+- `probes`: the rules tested bitwise in the unpruned step (tokens and query-side inputs changed).
+- `timing`: a timed step's seconds and memory, and the CPU's peak of live tensor bytes.
+- `study`: `prune-check`: both modes against the reference, window by window, and the report.
 """

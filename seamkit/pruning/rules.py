@@ -1,8 +1,7 @@
 """Exact pruning of a training step: the liveness rules, the plan and the pruned step.
 
-Follows shared/reference/pruning_report.json. A window holds positions 0..N-1 of whole
-documents with document-causal attention; T is the set of positions whose next-token target
-is in the loss mask.
+A window holds positions 0..N-1 of whole documents with document-causal attention; T is the
+set of positions whose next-token target is in the loss mask.
 
 - Rule A, dropped everywhere: a position is live iff some t in T lies at or after it in the
   same document. The others (each document's tail after its last target, documents with no
@@ -17,7 +16,7 @@ and backward, only on the rows it needs: the model's blocks on the n live rows, 
 block's queries on T against the live keys. Attention runs segment by segment (`segments`: runs
 of whole documents up to SEGMENT positions), each an SDPA call with its block of the
 document-causal mask, so it scores only pairs inside a segment, forward and backward; SDPA with
-a boolean mask has a backward on CPU and CUDA alike (the issue's "SDPA over packed documents").
+a boolean mask has a backward on CPU and CUDA alike: SDPA over packed documents.
 Nothing is calibrated and nothing is cached: the plan is built inside the step. It is exact in
 arithmetic: every sum has the unpruned step's terms minus exact zeros (pairs the mask hides, rows
 that reach no loss), so in float64 it stays within 1e-12 of `base_loss` (measured ~1e-15) and in
@@ -25,7 +24,7 @@ float32 it differs by rounding, as any reordered sum does. `seamkit.pruning.bitw
 (`--exact bitwise`) step that keeps the unpruned step's bits on this CPU, at a cost.
 
 `plan_flops` says what the rules promise in FLOPs (the formulas of
-torch.utils.flop_counter); `measured_flops` counts what a step ran with FlopCounterMode.
+torch.utils.flop_counter); `costs.measured_flops` counts what a step ran with FlopCounterMode.
 """
 
 from __future__ import annotations
@@ -35,7 +34,6 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from torch.utils import flop_counter
 
 from seamkit.config import SeamkitError
 from seamkit.model import GPT, IGNORE, apply_rope, doc_causal_mask, lm_loss, rope_tables
@@ -80,7 +78,7 @@ class Plan:
     documents: int  # documents in the window
     segments: list = field(default_factory=list)  # [(s, e)] runs of whole documents in `live`, for attention
     target_segments: list = field(default_factory=list)  # [(a, b)] the slice of T inside each segment
-    blocks: dict = field(default_factory=dict)  # bitwise mode: what prune_bitwise.calibrate found
+    blocks: dict = field(default_factory=dict)  # bitwise mode: what bitwise.calibrate found
 
     @property
     def stats(self) -> dict:
@@ -226,23 +224,3 @@ def plan_flops(cfg, p: Plan) -> dict:
     last = (_linear_flops(n, C, 2 * C) + _linear_flops(t, C, C) + last_attention + _linear_flops(t, C, C)
             + _linear_flops(t, C, M) + _linear_flops(t, M, C) + _linear_flops(t, C, V))
     return {"base": base, "pruned": (L - 1) * (linears(n) + attention) + last}
-
-
-def _cpu_flash_flops(q, k, v, *args, out_shape=None, **kwargs) -> int:
-    return flop_counter.sdpa_flop_count(q, k, v)
-
-
-def _cpu_flash_backward_flops(grad_out, q, k, v, *args, out_shape=None, **kwargs) -> int:
-    return flop_counter.sdpa_backward_flop_count(grad_out, q, k, v)
-
-
-# flop_counter has no formula for the CPU flash kernels that SDPA runs here; these are its CUDA ones
-CPU_ATTENTION_FLOPS = {torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: _cpu_flash_flops,
-                       torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward: _cpu_flash_backward_flops}
-
-
-def measured_flops(loss_fn) -> int:
-    """FLOPs one forward + backward of loss_fn() ran, counted by FlopCounterMode."""
-    with flop_counter.FlopCounterMode(display=False, custom_mapping=CPU_ATTENTION_FLOPS) as counter:
-        loss_fn().backward()
-    return int(counter.get_total_flops())

@@ -7,6 +7,6 @@ wall-clock.
 - `run`: `seamkit train`, one e2e run with its checkpoint and summary.
 - `processes`: each arm in a process of its own, taking turns in slices.
 - `study`: seeds, the interleaved arms, the held-out views; `report` builds and prints the report.
-- `costs`: parameters, FLOPs per token and MFU of each arm.
+- `costs`: each arm's parameters and FLOPs per token, counted on one real step (MFU: `seamkit.costs`).
 - `pipeline/`: the same arms as real pipeline stages on torch.distributed.
 """

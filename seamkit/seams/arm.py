@@ -1,8 +1,8 @@
-"""The e2e and local arms and the one wall-clock budget loop they share (the step, the schedule,
-the budget). The seams study that runs the arms, interleaves them, repeats seeds and writes the
-report is `seamkit/study.py`; the arms' processes and their turns are `seamkit/arms.py`.
+"""The e2e and local arms: how each is built, what one step does, and one arm's run for its budget
+on the shared loop (`seamkit.loop`). The study that interleaves the arms, repeats seeds and
+writes the report is `seams.study`; the arms' processes and their turns are `seams.processes`.
 
-Method of shared/reference/seams_report.json: both arms start from the same weights
+The reference's method (docs/reference.md): both arms start from the same weights
 (`torch.manual_seed(train.seed)` right before `GPT(...)`), read the same batches in the same
 order (`RowLoader` with the same seed), and train with AdamW for `train.budget_seconds` of
 training clock or `train.max_steps` steps, whichever comes first. The LR schedule
@@ -11,24 +11,15 @@ exactly when its own budget ends. Evaluation, checkpoints, snapshots, turn-takin
 callbacks run off the clock.
 
 - e2e: plain backprop through the whole model, one global-norm gradient clip.
-- local: `seams.segment_losses` detaches h_BTC at every seam; each segment's loss is
+- local: `objectives.segment_losses` detaches h_BTC at every seam; each segment's loss is
   backpropagated as soon as its forward is done (which frees that segment's activations: the
-  memory local saves) and reaches only what the segment owns (`seams.segment_params`, plus
+  memory local saves) and reaches only what the segment owns (`cuts.segment_params`, plus
   its AuxHead). Clipping is per segment, over what it owns; the last segment's group holds the
   final norm and LM head, which under `shared_head` also carry every other segment's gradient.
   With no seams this is e2e, bit for bit.
 - Weight decay applies to matrices only (`optim.make_optimizer`). The GPT and the aux heads have
   separate AdamW instances, so a checkpoint's `optimizer` is the GPT's alone; the aux heads,
   their optimizer state and the class map ride in the checkpoint's `extra`.
-
-Loss curve (`train.curve_points` = P points): mark j < P-1 sits at time j*budget/(P-1) or at
-step round(j*(max_steps-1)/(P-1)), whichever comes first; point j is the first step that starts
-at or after mark j (a step that starts after several marks fills each of them), and the last
-point is the last step. A run that completes has exactly P points: marks no step started after
-(the budget ended inside a long step) are filled by the last step. Each point is that step's
-training loss before its update (the first is step 0, about ln(vocab)), with the LR it used.
-For local it is the last segment's loss, i.e. the model's own LM loss on that batch;
-`loss_curve_segments` keeps every segment's.
 
 Held-out loss: the mean LM loss over `held_out(corpus, cfg)` (the val split, `train.eval_tokens`
 tokens in whole batches, the whole split when it is smaller), with its standard error over the
@@ -38,18 +29,7 @@ its own (`own_process`). An arm ends `complete`, `failed` (a non-finite training
 `failed_step`, and no update from that step), `interrupted` (Ctrl-C or `stop()`: it stops
 between steps and still checkpoints and reports) or, in a report, `not_run`.
 Every checkpoint carries the loop's state (`budget_loop`'s `loop_state`), so an arm stopped
-any way can continue where it was (`seamkit.resume`, `--resume`).
-
-Callback events (`callback(event: dict)`, called off the clock):
-  {"kind": "start", "arm", "budget_seconds", "max_steps", "tokens_per_step", "segments", "objective"}
-  {"kind": "point", "arm", "index", "step", "elapsed_s", "tokens", "loss", "lr", "segment_losses"}
-      one per loss_curve point, as it happens (index = its place in loss_curve)
-  {"kind": "progress", "arm", "step", "elapsed_s", "tokens", "loss", "tokens_per_s", "fraction"}
-      at most about 4 a second and once when training stops; step = steps done,
-      fraction = share of the budget (or of max_steps) used
-  {"kind": "end", "arm", "status", "result"}
-      after evaluation and the checkpoint; result is `run_arm`'s dict
-The study adds "seed" to every event when it repeats seeds.
+any way can continue where it was (`seams.resume`, `--resume`). The study adds "seed" to every event when it repeats seeds.
 """
 
 from __future__ import annotations
@@ -67,7 +47,8 @@ import torch.nn as nn
 
 from seamkit import checkpoint
 from seamkit.config import ConfigError, RunConfig
-from seamkit.data.corpus import RowLoader, epochs, load_corpus, repeat_warning
+from seamkit.data.load import load_corpus
+from seamkit.data.rows import RowLoader, epochs, repeat_warning
 from seamkit.loop import Clock, budget_loop, evaluate_model, held_out
 from seamkit.memory import (
     Baseline,
@@ -78,6 +59,8 @@ from seamkit.optim import (
 )
 from seamkit.seams.cuts import parse_seams, segment_params, segments
 from seamkit.seams.objectives import class_map, make_aux_heads, segment_losses
+from seamkit.seams.result import ArmResult, curve
+from seamkit.seams.resume import restore_arm
 
 ARMS = ("e2e", "local")
 
@@ -179,7 +162,7 @@ def run_arm(arm: str, cfg: RunConfig, corpus=None, callback: Callable[[dict], No
             checkpoint_path: str | os.PathLike | None = None, own_process: bool = False,
             stop: Callable[[], bool] = lambda: False, gate: Callable[[Clock, int], None] | None = None,
             after_step: Callable[[Arm, int, float], None] | None = None, resume_from: dict | None = None,
-            save_extra: Callable[[], dict] | None = None) -> dict:
+            save_extra: Callable[[], dict] | None = None) -> ArmResult:
     """Train one arm for the budget, evaluate it, checkpoint it; returns its metrics (unrounded).
 
     `own_process`: this process runs nothing else, so its peak RSS is the arm's (else the RSS
@@ -197,7 +180,6 @@ def run_arm(arm: str, cfg: RunConfig, corpus=None, callback: Callable[[dict], No
     loader = RowLoader(corpus, "train", cfg.data.batch, cfg.model.seq, tc.seed, device=a.device)
     batches = held_out(corpus, cfg, device=a.device)
     if resume_from is not None:
-        from seamkit.resume import restore_arm
         restore_arm(resume_from, a, loader)
     callback = callback or (lambda event: None)
     callback({"kind": "start", "arm": arm, "budget_seconds": tc.budget_seconds, "max_steps": tc.max_steps,
@@ -241,19 +223,12 @@ def run_arm(arm: str, cfg: RunConfig, corpus=None, callback: Callable[[dict], No
     repeated = repeat_warning(arm, tokens, corpus)
     if repeated:
         print(f"seamkit: warning: {repeated}", file=sys.stderr)
-    pts = run["points"]
-    result = {
-        "arm": arm, "status": run["status"], "steps": run["steps"], "tokens": tokens,
-        "elapsed_s": run["elapsed_s"], "tokens_per_s": tokens / run["elapsed_s"] if run["elapsed_s"] > 0 else 0.0,
-        "final_loss": final_loss, "final_ppl": math.exp(final_loss) if final_loss is not None else None,
-        "final_loss_stderr": final_stderr, "eval_tokens": len(batches) * cfg.data.batch * cfg.model.seq,
-        **mem, "lr_final": run["lr_final"],
-        "loss_curve": [p["loss"] for p in pts], "loss_curve_steps": [p["step"] for p in pts],
-        "loss_curve_elapsed_s": [p["elapsed_s"] for p in pts], "loss_curve_tokens": [p["tokens"] for p in pts],
-        "loss_curve_lr": [p["lr"] for p in pts], "loss_curve_segments": [p["segment_losses"] for p in pts],
-        "failed_step": run["failed_step"], "max_step_s": run["max_step_s"], "objective": a.objective,
-        "segments": a.segs, "epochs": epochs(tokens, corpus), "repeat_warning": repeated,
-        "checkpoint": ref, "checkpoint_path": str(checkpoint_path) if checkpoint_path else None,
-    }
+    result = ArmResult(
+        arm=arm, status=run["status"], steps=run["steps"], tokens=tokens, elapsed_s=run["elapsed_s"],
+        tokens_per_s=tokens / run["elapsed_s"] if run["elapsed_s"] > 0 else 0.0,
+        final_loss=final_loss, final_loss_stderr=final_stderr, eval_tokens=len(batches) * cfg.data.batch * cfg.model.seq,
+        **mem, lr_final=run["lr_final"], max_step_s=run["max_step_s"], failed_step=run["failed_step"],
+        objective=a.objective, segments=a.segs, **curve(run["points"]), epochs=epochs(tokens, corpus),
+        repeat_warning=repeated, checkpoint=ref, checkpoint_path=str(checkpoint_path) if checkpoint_path else None)
     callback({"kind": "end", "arm": arm, "status": run["status"], "result": result})
     return result

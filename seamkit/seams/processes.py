@@ -17,7 +17,7 @@ alike, slice by slice, and each arm's clock runs only in its own slices.
     go[local].set() ---------------------------------------------->  the rest of its slices alone
 
 An arm holds the turn through its evaluation and checkpoint too, so nothing it does competes
-with the other arm's training. Events (train.py's callback events) travel through one queue
+with the other arm's training. Events (the loop's callback events, `seamkit.loop`) travel through one queue
 and the parent calls the callback. Faults end cleanly: Ctrl-C in the parent is passed on to
 both arms, which stop between steps (or stop waiting) and report `interrupted`; a NaN in one
 arm ends that arm `failed` and hands the turn on, and the other trains on; an exception in an
@@ -140,7 +140,7 @@ def _arm_worker(arm: str, cfg_dict: dict, ckpt: str | None, q, go, parent: int, 
         snaps = Snapshots(snap_dir, snap_keep) if snap_dir else None
         resume_from = None
         if resume and ckpt and Path(ckpt).exists():
-            from seamkit.resume import load_arm
+            from seamkit.seams.resume import load_arm
             resume_from = load_arm(ckpt, cfg, arm)
             turns.slices = list(resume_from["extra"].get("slices") or [])
             if snaps and resume_from["extra"].get("snapshots"):
@@ -155,9 +155,9 @@ def _arm_worker(arm: str, cfg_dict: dict, ckpt: str | None, q, go, parent: int, 
             q.put(event)
         result = run_arm(arm, cfg, callback=callback, checkpoint_path=ckpt, own_process=True, stop=stop,
                          gate=turns, after_step=snaps, resume_from=resume_from, save_extra=save_extra)
-        turns.finish(result["steps"], result["elapsed_s"])
-        result["slices"] = turns.slices
-        result["snapshots"] = snaps.kept if snaps else []
+        turns.finish(result.steps, result.elapsed_s)
+        result.slices = turns.slices
+        result.snapshots = snaps.kept if snaps else []
         q.put({"kind": "_result", "arm": arm, "result": result})
     except BaseException as e:  # noqa: BLE001 -- everything goes back to the parent
         tb = traceback.format_exc()
@@ -180,7 +180,7 @@ def run_arms(cfg: RunConfig, checkpoints: dict, callback: Callable[[dict], None]
 
     `checkpoints`: {arm: path or None}. Returns ({arm: run_arm's result + "slices" and
     "snapshots"}, interrupted here). An arm that never reported is missing from the results.
-    `resume`: each arm continues from its checkpoint where there is one (`seamkit.resume`).
+    `resume`: each arm continues from its checkpoint where there is one (`seams.resume`).
     """
     arms = tuple(a for a in ARMS if a in arms)
     ctx = mp.get_context("spawn")  # the arms inherit this process's environment (OpenMP: seamkit/__init__.py)

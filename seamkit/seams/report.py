@@ -4,15 +4,17 @@ intervals over seeds (`study_report`), and the plain-text table the CLI prints (
 
 from __future__ import annotations
 
-import math
+import dataclasses
 import statistics
 
+from seamkit import costs as COSTS
 from seamkit.config import RunConfig
 from seamkit.model import resolve_device
 from seamkit.report import gpu_name, provenance
 from seamkit.seams.arm import ARMS
 from seamkit.seams.cuts import parse_seams, segments, traffic_bytes, traffic_ratios
 from seamkit.seams.objectives import objective_bytes, objective_ratios
+from seamkit.seams.result import ArmResult
 from seamkit.stats import stats
 
 OBJECTIVE_NAMES = {"aux_head": "greedy per-segment next-token head over the K most frequent tokens (DGL-style)",
@@ -21,14 +23,15 @@ OBJECTIVE_NAMES = {"aux_head": "greedy per-segment next-token head over the K mo
 
 
 def _mem(r: dict) -> tuple[int | None, int | None]:
-    """(peak, growth over the arm's baseline): CUDA's allocator on a GPU, the process's RSS on CPU."""
+    """(peak, growth over the arm's baseline) of a report's arm block, as `ArmResult.memory`."""
     if r.get("peak_vram_bytes") is not None:
         return r["peak_vram_bytes"], r.get("vram_growth_bytes")
     return r.get("peak_rss_bytes"), r.get("rss_growth_bytes")
 
 
-def _slices(r: dict) -> dict | None:
-    tps = [s["tokens_per_s"] for s in r.get("slices", [])]
+def _slices(slices: list[dict]) -> dict | None:
+    """The spread of an arm's tokens/s over its turns."""
+    tps = [s["tokens_per_s"] for s in slices]
     if not tps:
         return None
     q = statistics.quantiles(tps, n=4) if len(tps) > 1 else [tps[0]] * 3
@@ -40,38 +43,37 @@ def _round(v, n):
     return None if v is None else round(v, n)
 
 
-def _report_arm(arm: str, r: dict | None, costs: dict | None = None, peak: float | None = None) -> dict:
-    """The reference's arm block (rounded like it), then our extra keys."""
+def report_arm(arm: str, r: ArmResult | None, costs: dict | None = None, peak: float | None = None) -> dict:
+    """An arm's report block: the reference's keys (rounded like it), then ours."""
     if r is None:  # never started (interrupted before it did)
         return {"arm": arm, "steps": 0, "tokens": 0, "elapsed_s": 0.0, "tokens_per_s": 0.0, "final_loss": None,
                 "final_ppl": None, "peak_vram_bytes": None, "loss_curve": [], "status": "not_run"}
     out = {
-        "arm": arm, "steps": r["steps"], "tokens": r["tokens"], "elapsed_s": round(r["elapsed_s"], 3),
-        "tokens_per_s": round(r["tokens_per_s"], 1), "final_loss": _round(r["final_loss"], 4),
-        "final_ppl": _round(r["final_ppl"], 2), "peak_vram_bytes": r["peak_vram_bytes"],
-        "loss_curve": [round(v, 4) for v in r["loss_curve"]],
-        "status": r["status"], "failed_step": r.get("failed_step"), "final_loss_stderr": _round(r.get("final_loss_stderr"), 5),
-        "eval_tokens": r.get("eval_tokens"), "lr_final": r.get("lr_final"),
-        "peak_rss_bytes": r.get("peak_rss_bytes"), "rss_start_bytes": r.get("rss_start_bytes"),
-        "rss_growth_bytes": r.get("rss_growth_bytes"), "vram_growth_bytes": r.get("vram_growth_bytes"),
-        "max_step_s": _round(r.get("max_step_s"), 4), "loss_curve_steps": r.get("loss_curve_steps", []),
-        "loss_curve_elapsed_s": [round(v, 3) for v in r.get("loss_curve_elapsed_s", [])],
-        "loss_curve_tokens": r.get("loss_curve_tokens", []),
-        "loss_curve_lr": r.get("loss_curve_lr", []),
-        "loss_curve_segments": [[round(v, 4) for v in seg] for seg in r.get("loss_curve_segments", [])],
-        "objective": r.get("objective"), "segments": r.get("segments"), "checkpoint": r.get("checkpoint"),
-        "epochs": _round(r.get("epochs"), 4), "repeat_warning": r.get("repeat_warning"),
+        "arm": arm, "steps": r.steps, "tokens": r.tokens, "elapsed_s": round(r.elapsed_s, 3),
+        "tokens_per_s": round(r.tokens_per_s, 1), "final_loss": _round(r.final_loss, 4),
+        "final_ppl": _round(r.final_ppl, 2), "peak_vram_bytes": r.peak_vram_bytes,
+        "loss_curve": [round(v, 4) for v in r.loss_curve],
+        "status": r.status, "failed_step": r.failed_step, "failed_rank": r.failed_rank,
+        "final_loss_stderr": _round(r.final_loss_stderr, 5), "eval_tokens": r.eval_tokens, "lr_final": r.lr_final,
+        "peak_rss_bytes": r.peak_rss_bytes, "rss_start_bytes": r.rss_start_bytes,
+        "rss_growth_bytes": r.rss_growth_bytes, "vram_growth_bytes": r.vram_growth_bytes,
+        "max_step_s": _round(r.max_step_s, 4), "loss_curve_steps": r.loss_curve_steps,
+        "loss_curve_elapsed_s": [round(v, 3) for v in r.loss_curve_elapsed_s],
+        "loss_curve_tokens": r.loss_curve_tokens, "loss_curve_lr": r.loss_curve_lr,
+        "loss_curve_segments": [[round(v, 4) for v in seg] for seg in r.loss_curve_segments],
+        "objective": r.objective, "segments": r.segments, "checkpoint": r.checkpoint,
+        "epochs": _round(r.epochs, 4), "repeat_warning": r.repeat_warning,
     }
-    if "loss_curve_std" in r:
-        out["loss_curve_std"] = [round(v, 4) for v in r["loss_curve_std"]]
-    if isinstance(r.get("slices"), dict):  # a summary already (the means over seeds)
-        out["slices"] = r["slices"]
-    elif r.get("slices"):
-        out["slices"], out["slices_raw"] = _slices(r), r["slices"]
+    if r.loss_curve_std is not None:
+        out["loss_curve_std"] = [round(v, 4) for v in r.loss_curve_std]
+    if isinstance(r.slices, dict):  # a summary already (the means over seeds)
+        out["slices"] = r.slices
+    elif r.slices:
+        out["slices"], out["slices_raw"] = _slices(r.slices), r.slices
     if costs:
         out["costs"] = dict(costs)
         if peak:
-            out["costs"]["mfu"] = costs["flops_per_token"] * r["tokens_per_s"] / peak
+            out["costs"]["mfu"] = COSTS.mfu(costs["flops_per_token"], r.tokens_per_s, peak)
     return out
 
 
@@ -87,7 +89,7 @@ def build_report(cfg: RunConfig, results: dict, interrupted: bool = False, isola
     extra = objective_bytes(cfg.model, len(seams), cfg.seams.objective)
     device = resolve_device(cfg.train.device)
     flops = peak["flops_per_s"] if peak else None
-    arms = {arm: _report_arm(arm, results.get(arm), (costs or {}).get(arm), flops) for arm in ARMS}
+    arms = {arm: report_arm(arm, results.get(arm), (costs or {}).get(arm), flops) for arm in ARMS}
     statuses = [a["status"] for a in arms.values()]
     # a failed arm outranks one never run (a launch of one arm, or a study stopped by the failure)
     status = "interrupted" if interrupted or "interrupted" in statuses else \
@@ -132,64 +134,61 @@ def build_report(cfg: RunConfig, results: dict, interrupted: bool = False, isola
     }
 
 
-def _mean_result(arm: str, rs: list[dict]) -> dict | None:
-    """One arm's result averaged over seeds (what the reference keys hold)."""
-    done = [r for r in rs if r is not None and r["status"] == "complete"] or [r for r in rs if r is not None]
+def mean_result(rs: list[ArmResult | None]) -> ArmResult | None:
+    """One arm's result averaged over seeds (what the reference keys hold; the checkpoint is the
+    first seed's): over the complete
+    seeds, or over every seed that ran when none completed."""
+    ran = [r for r in rs if r is not None]
+    done = [r for r in ran if r.status == "complete"] or ran
     if not done:
         return None
     mean = statistics.fmean
-    first = done[0]
-    out = dict(first)
-    for key in ("elapsed_s", "tokens_per_s", "max_step_s"):
-        out[key] = mean(r[key] for r in done)
-    out["steps"] = round(mean(r["steps"] for r in done))
-    out["tokens"] = round(mean(r["tokens"] for r in done))
-    finals = [r["final_loss"] for r in done if r["final_loss"] is not None]
-    out["final_loss"] = mean(finals) if finals else None
-    out["final_ppl"] = math.exp(out["final_loss"]) if finals else None
-    for key in ("peak_vram_bytes", "peak_rss_bytes", "rss_start_bytes", "rss_growth_bytes", "vram_growth_bytes"):
-        vals = [r.get(key) for r in done if r.get(key) is not None]
-        out[key] = round(mean(vals)) if vals else None
-    errs = [r.get("final_loss_stderr") for r in done if r.get("final_loss_stderr") is not None]
-    out["final_loss_stderr"] = mean(errs) if errs else None
-    out["lr_final"] = mean(r["lr_final"] for r in done) if all(r.get("lr_final") for r in done) else first.get("lr_final")
-    n = min(len(r["loss_curve"]) for r in done)
+
+    def avg(key, whole=False):  # over the seeds that measured it
+        vals = [getattr(r, key) for r in done if getattr(r, key) is not None]
+        return None if not vals else round(mean(vals)) if whole else mean(vals)
+    out = dataclasses.replace(done[0], **{k: avg(k) for k in ("elapsed_s", "tokens_per_s", "max_step_s",
+                                                               "final_loss", "final_loss_stderr", "lr_final")},
+                              **{k: avg(k, whole=True) for k in ("steps", "tokens", "peak_vram_bytes", "peak_rss_bytes",
+                                                                  "rss_start_bytes", "rss_growth_bytes",
+                                                                  "vram_growth_bytes")},
+                              snapshots=None)
+    n = min(len(r.loss_curve) for r in done)
     if n and len(done) > 1:
         for key in ("loss_curve", "loss_curve_elapsed_s", "loss_curve_lr"):
-            out[key] = [mean(r[key][j] for r in done) for j in range(n)]
-        out["loss_curve_tokens"] = [round(mean(r["loss_curve_tokens"][j] for r in done)) for j in range(n)]
-        out["loss_curve_steps"] = [round(mean(r["loss_curve_steps"][j] for r in done)) for j in range(n)]
-        out["loss_curve_segments"] = [[mean(v) for v in zip(*(r["loss_curve_segments"][j] for r in done))]
-                                      for j in range(n)]
-        out["loss_curve_std"] = [statistics.stdev(r["loss_curve"][j] for r in done) for j in range(n)]
-    tps = [s["tokens_per_s"] for r in done for s in r.get("slices", [])]
-    out["slices"] = _slices({"slices": [{"tokens_per_s": v} for v in tps]}) if tps else None
-    out["status"] = "complete" if all(r["status"] == "complete" for r in rs if r is not None) else \
-        next(r["status"] for r in rs if r is not None and r["status"] != "complete")
+            setattr(out, key, [mean(getattr(r, key)[j] for r in done) for j in range(n)])
+        for key in ("loss_curve_tokens", "loss_curve_steps"):
+            setattr(out, key, [round(mean(getattr(r, key)[j] for r in done)) for j in range(n)])
+        out.loss_curve_segments = [[mean(v) for v in zip(*(r.loss_curve_segments[j] for r in done))]
+                                   for j in range(n)]
+        out.loss_curve_std = [statistics.stdev(r.loss_curve[j] for r in done) for j in range(n)]
+    tps = [s for r in done for s in (r.slices or [])]
+    out.slices = _slices(tps) if tps else None
+    out.status = next((r.status for r in ran if r.status != "complete"), "complete")
     return out
 
 
 def study_report(cfg: RunConfig, runs: list[dict], interrupted: bool, isolated: bool, costs: dict,
                  peak: dict | None) -> dict:
     """The whole study: means at the reference keys, every seed in `repeats`, the `aggregate`."""
-    means = {arm: _mean_result(arm, [r["results"].get(arm) for r in runs]) for arm in ARMS}
+    means = {arm: mean_result([r["results"].get(arm) for r in runs]) for arm in ARMS}
     report = build_report(cfg, {a: r for a, r in means.items() if r is not None}, interrupted, isolated, costs, peak)
     repeats = []
     for r in runs:
-        one = {a: _report_arm(a, r["results"].get(a), costs.get(a), peak["flops_per_s"] if peak else None)
+        one = {a: report_arm(a, r["results"].get(a), costs.get(a), peak["flops_per_s"] if peak else None)
                for a in ARMS}
         for a in ARMS:
             one[a].pop("loss_curve_segments", None)
         repeats.append({"seed": r["seed"], "arms": one, **r["views"]})
-    done = [r for r in runs if all(r["results"].get(a, {}).get("status") == "complete" for a in ARMS)]
+    done = [r for r in runs if all(a in r["results"] and r["results"][a].status == "complete" for a in ARMS)]
 
     def per(arm, fn):
         return stats([fn(r["results"][arm]) for r in done])
-    agg = {arm: {"final_loss": per(arm, lambda x: x["final_loss"]),
-                 "tokens_per_s": per(arm, lambda x: x["tokens_per_s"]),
-                 "peak_memory_bytes": per(arm, lambda x: _mem(x)[0]),
-                 "memory_growth_bytes": per(arm, lambda x: _mem(x)[1]),
-                 "lr_final": per(arm, lambda x: x.get("lr_final"))} for arm in ARMS}
+    agg = {arm: {"final_loss": per(arm, lambda x: x.final_loss),
+                 "tokens_per_s": per(arm, lambda x: x.tokens_per_s),
+                 "peak_memory_bytes": per(arm, lambda x: x.memory[0]),
+                 "memory_growth_bytes": per(arm, lambda x: x.memory[1]),
+                 "lr_final": per(arm, lambda x: x.lr_final)} for arm in ARMS}
     e, lo = (lambda r: r["results"]["e2e"]), (lambda r: r["results"]["local"])
 
     def ratio(x, y):
@@ -198,10 +197,10 @@ def study_report(cfg: RunConfig, runs: list[dict], interrupted: bool, isolated: 
                 for r in done]
     ttt = [(r["views"].get("time_to_target") or {}).get("local_over_e2e") for r in done]
     agg["paired"] = {
-        "loss_gap_local_minus_e2e": stats([lo(r)["final_loss"] - e(r)["final_loss"] for r in done]),
-        "tokens_per_s_local_over_e2e": stats([ratio(lo(r)["tokens_per_s"], e(r)["tokens_per_s"]) for r in done]),
-        "memory_growth_local_over_e2e": stats([ratio(_mem(lo(r))[1], _mem(e(r))[1]) for r in done]),
-        "peak_memory_local_over_e2e": stats([ratio(_mem(lo(r))[0], _mem(e(r))[0]) for r in done]),
+        "loss_gap_local_minus_e2e": stats([lo(r).final_loss - e(r).final_loss for r in done]),
+        "tokens_per_s_local_over_e2e": stats([ratio(lo(r).tokens_per_s, e(r).tokens_per_s) for r in done]),
+        "memory_growth_local_over_e2e": stats([ratio(lo(r).memory[1], e(r).memory[1]) for r in done]),
+        "peak_memory_local_over_e2e": stats([ratio(lo(r).memory[0], e(r).memory[0]) for r in done]),
         "equal_tokens_gap_local_minus_e2e": stats(last_gap),
         "time_to_target_local_over_e2e": stats(ttt),
     }

@@ -9,6 +9,7 @@ from typing import Callable
 from seamkit.config import RunConfig, override
 from seamkit.loop import ProgressBars, fanout
 from seamkit.report import provenance, write_json
+from seamkit.seams import resume as R
 from seamkit.seams.arm import run_arm
 from seamkit.threads import resolve_threads
 
@@ -17,10 +18,9 @@ def train_run(cfg: RunConfig, out_dir, callback: Callable[[dict], None] | None =
               progress: bool = True, resume: bool = False) -> dict:
     """Train e2e for the budget; writes out_dir/checkpoint.pt and out_dir/summary.json; returns the summary.
 
-    `resume`: continue the run that out_dir/checkpoint.pt stopped (`seamkit.resume`). Ctrl-C
+    `resume`: continue the run that out_dir/checkpoint.pt stopped (`seams.resume`). Ctrl-C
     stops between steps (a second one at once), so the checkpoint it leaves can be resumed.
     """
-    from seamkit import resume as R
     out_dir = Path(out_dir)
     ckpt = None
     if resume:
@@ -38,12 +38,12 @@ def train_run(cfg: RunConfig, out_dir, callback: Callable[[dict], None] | None =
     with R.sigint_stops() as stop:
         r = run_arm("e2e", cfg, callback=cb, checkpoint_path=out_dir / "checkpoint.pt", stop=stop, resume_from=ckpt)
     summary = {
-        "status": r["status"], "steps": r["steps"], "tokens": r["tokens"], "elapsed_s": r["elapsed_s"],
-        "tokens_per_s": r["tokens_per_s"], "val_loss": r["final_loss"], "val_ppl": r["final_ppl"],
-        "failed_step": r["failed_step"], "checkpoint": r["checkpoint"], "peak_vram_bytes": r["peak_vram_bytes"],
+        "status": r.status, "steps": r.steps, "tokens": r.tokens, "elapsed_s": r.elapsed_s,
+        "tokens_per_s": r.tokens_per_s, "val_loss": r.final_loss, "val_ppl": r.final_ppl,
+        "failed_step": r.failed_step, "checkpoint": r.checkpoint, "peak_vram_bytes": r.peak_vram_bytes,
         "batch": cfg.data.batch, "budget_seconds": cfg.train.budget_seconds,
-        "epochs": r["epochs"], "repeat_warning": r["repeat_warning"],
-        **{k: r[k] for k in ("loss_curve", "loss_curve_steps", "loss_curve_elapsed_s", "loss_curve_tokens")},
+        "epochs": r.epochs, "repeat_warning": r.repeat_warning,
+        **{k: getattr(r, k) for k in ("loss_curve", "loss_curve_steps", "loss_curve_elapsed_s", "loss_curve_tokens")},
         **provenance(cfg),
     }
     write_json(out_dir / "summary.json", summary)

@@ -2,7 +2,7 @@
 
 What it runs (`seams_study`): for each of `seams.repeats` seeds (train.seed, +1, ...; both arms
 share each seed: same init, same batches) both arms train under `train.budget_seconds`, each in
-its own process, taking turns in slices (`arms.run_arms`; `seams.order`), so a busy neighbour
+its own process, taking turns in slices (`processes.run_arms`; `seams.order`), so a busy neighbour
 slows both alike. Then, off every clock, in this process:
 
 - equal tokens: both arms' held-out loss at `seams.token_marks` common token counts, the last
@@ -11,7 +11,7 @@ slows both alike. Then, off every clock, in this process:
 - time to target: the training seconds each arm needs to reach the held-out loss both arms
   reach (the worse of the two final losses), linearly interpolated between held-out points
   (the equal-token marks and the final evaluation);
-- costs (`costs.py`): parameters and FLOPs per token counted on one real step per arm, and MFU
+- costs (`seams.costs`): parameters and FLOPs per token counted on one real step per arm, and MFU
   against a matmul peak measured here.
 
 The report (`build_report`) keeps the reference's keys at the top level, holding the means over
@@ -33,17 +33,19 @@ from typing import Callable
 
 import torch
 
-from seamkit import resume as R
 from seamkit.config import ConfigError, RunConfig, override
-from seamkit.data.corpus import load_corpus
+from seamkit.costs import matmul_peak
+from seamkit.data.load import load_corpus
 from seamkit.loop import ProgressBars, evaluate_model, fanout, held_out
 from seamkit.model import GPT, autocast, param_dtype, resolve_device
 from seamkit.report import write_report
 from seamkit.seams import processes as A
+from seamkit.seams import resume as R
 from seamkit.seams.arm import ARMS, checkpoint_path, run_arm
-from seamkit.seams.costs import arm_costs, matmul_peak
+from seamkit.seams.costs import arm_costs
 from seamkit.seams.cuts import parse_seams
 from seamkit.seams.report import study_report
+from seamkit.stats import held_out_time_to_target
 from seamkit.threads import resolve_threads
 
 
@@ -58,34 +60,18 @@ def equal_token_marks(snapshots: dict, steps: dict, marks: int) -> list[int]:
     return sorted(picked)
 
 
-def time_to_target(points: dict, target: float) -> dict:
-    """{arm: seconds} at which each arm's held-out points [(elapsed_s, loss)] first reach `target`,
-    interpolated linearly from the point before; None where an arm never reaches it."""
-    out = {}
-    for arm, pts in points.items():
-        out[arm] = None
-        prev = None
-        for t, loss in sorted(pts):
-            if loss <= target:
-                out[arm] = t if prev is None or prev[1] <= loss else \
-                    prev[0] + (t - prev[0]) * (prev[1] - target) / (prev[1] - loss)
-                break
-            prev = (t, loss)
-    return out
-
-
 def held_out_views(cfg: RunConfig, corpus, results: dict) -> dict:
     """The equal-token table and time to target of one seed, from the arms' snapshots."""
-    if not all(results.get(a, {}).get("status") == "complete" for a in ARMS):
+    if not all(a in results and results[a].status == "complete" for a in ARMS):
         return {"equal_tokens": [], "time_to_target": None}
     device = resolve_device(cfg.train.device)
     batches = held_out(corpus, cfg, device=device)
     per_step = cfg.data.batch * cfg.model.seq
-    snaps = {a: {s["step"]: s for s in results[a].get("snapshots", [])} for a in ARMS}
+    snaps = {a: {s["step"]: s for s in results[a].snapshots or []} for a in ARMS}
     marks = equal_token_marks({a: list(snaps[a].values()) for a in ARMS},
-                              {a: results[a]["steps"] for a in ARMS}, cfg.seams.token_marks)
+                              {a: results[a].steps for a in ARMS}, cfg.seams.token_marks)
     model = GPT(cfg.model).to(device=device, dtype=param_dtype(cfg.train.dtype))
-    rows, points = [], {a: [(results[a]["elapsed_s"], results[a]["final_loss"])] for a in ARMS}
+    rows, points = [], {a: [(results[a].elapsed_s, results[a].final_loss)] for a in ARMS}
     for step in marks:
         row = {"step": step, "tokens": step * per_step}
         for a in ARMS:
@@ -96,9 +82,9 @@ def held_out_views(cfg: RunConfig, corpus, results: dict) -> dict:
             points[a].append((s["elapsed_s"], loss))
         row["gap_local_minus_e2e"] = row["local"]["loss"] - row["e2e"]["loss"]
         rows.append(row)
-    target = max(results[a]["final_loss"] for a in ARMS)
-    reach = time_to_target(points, target)
-    return {"equal_tokens": rows, "slower_arm_tokens": min(results[a]["steps"] for a in ARMS) * per_step,
+    target = max(results[a].final_loss for a in ARMS)
+    reach = {a: held_out_time_to_target(p, target) for a, p in points.items()}
+    return {"equal_tokens": rows, "slower_arm_tokens": min(results[a].steps for a in ARMS) * per_step,
             "time_to_target": {"target_loss": target, "seconds": reach,
                                "local_over_e2e": reach["local"] / reach["e2e"]
                                if reach["e2e"] and reach["local"] is not None else None,
@@ -112,7 +98,7 @@ def seams_study(cfg: RunConfig, out_path, callback: Callable[[dict], None] | Non
     `isolate`: each arm in its own spawned process, taking turns (`seams.order`); False runs both
     here, one after the other (tests, debugging). A script that calls this needs the usual
     multiprocessing `if __name__ == "__main__":` guard (notebooks and the CLI do not).
-    `resume`: continue the study an earlier call with `out_path` stopped (`seamkit.resume`):
+    `resume`: continue the study an earlier call with `out_path` stopped (`seams.resume`):
     finished repeats and ended arms are kept, the other arms go on from their checkpoints.
     """
     if cfg.seams.stages > 0:
@@ -152,7 +138,7 @@ def seams_study(cfg: RunConfig, out_path, callback: Callable[[dict], None] | Non
         snap_dir = checkpoint_path(out_path, "snapshots", k).with_suffix("")
         if not resume:
             shutil.rmtree(snap_dir, ignore_errors=True)
-        results = {a: r for a, r in prior.get("results", {}).items() if r["status"] in R.ENDED}
+        results = {a: r for a, r in prior.get("results", {}).items() if r.status in R.ENDED}
         todo = tuple(a for a in ARMS if a not in results)
         try:
             if isolate:
@@ -167,12 +153,12 @@ def seams_study(cfg: RunConfig, out_path, callback: Callable[[dict], None] | Non
                     results[arm] = run_arm(arm, c, corpus, callback=cb, checkpoint_path=ckpts[arm],
                                            after_step=snaps, resume_from=ckpt,
                                            save_extra=lambda s=snaps: {"snapshots": {"g": s.g, "kept": s.kept}})
-                    results[arm]["snapshots"] = snaps.kept
-                    if results[arm]["status"] == "interrupted":
+                    results[arm].snapshots = snaps.kept
+                    if results[arm].status == "interrupted":
                         break
         except KeyboardInterrupt:
             interrupted = True
-        interrupted = interrupted or any(r["status"] == "interrupted" for r in results.values())
+        interrupted = interrupted or any(r.status == "interrupted" for r in results.values())
         views = {"equal_tokens": [], "time_to_target": None}
         if not interrupted:
             try:
@@ -181,7 +167,7 @@ def seams_study(cfg: RunConfig, out_path, callback: Callable[[dict], None] | Non
                 interrupted = True
         if not interrupted:
             for r in results.values():
-                r.pop("snapshots", None)
+                r.snapshots = None
             shutil.rmtree(snap_dir, ignore_errors=True)
         runs.append({"seed": seed, "results": results, "views": views, "finished": not interrupted})
         R.save_study(out_path, cfg, runs)

@@ -8,39 +8,25 @@ notebook pick the figure, the x-axis and the keys that make the series.
 from __future__ import annotations
 
 import itertools
-import json
-from pathlib import Path
 
 import plotly.graph_objects as go
 
-from seamkit.sweep.stats import summarize
+from seamkit.stats import stats
 
 # figure name -> (title, y-axis title, [(key figure, label)], study)
 FIGURES = {
     "final_loss": ("final held-out loss", "loss (nats/token)",
                    [("local_final_loss", "local"), ("e2e_final_loss", "e2e")], "seams"),
     "speed": ("local/e2e tokens per second", "local / e2e", [("local_over_e2e_tokens_per_s", "local/e2e")], "seams"),
-    "time_to_target": ("seconds of training to reach the target training loss", "seconds",
-                       [("local_time_to_target_s", "local"), ("e2e_time_to_target_s", "e2e")], "seams"),
+    "train_curve_time_to_target": ("seconds of training for the training-loss curve to reach the target",
+                                   "seconds", [("local_train_curve_time_to_target_s", "local"),
+                                               ("e2e_train_curve_time_to_target_s", "e2e")], "seams"),
     "memory": ("local/e2e peak memory", "local / e2e", [("local_over_e2e_peak_memory", "local/e2e")], "seams"),
     "speedup": ("prune_exact / base words per second", "speed-up", [("speedup", "measured")], "pruning"),
     "pruning_memory": ("prune_exact / base memory", "ratio", [("memory_ratio", "allocated")], "pruning"),
 }
 DASH = {"e2e": "dash"}  # e2e dashed, local solid; one color per series (combination of the other keys)
 COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22"]
-
-
-def load_sweep(sweep_dir) -> dict:
-    """DIR/sweep.json; a folder with only a plan (points run elsewhere) is collected first."""
-    sweep_dir = Path(sweep_dir)
-    if not (sweep_dir / "sweep.json").exists() and (sweep_dir / "plan.json").exists():
-        from seamkit.sweep.run import collect
-        return collect(sweep_dir)
-    from seamkit.sweep.run import SweepError
-    try:
-        return json.loads((sweep_dir / "sweep.json").read_text())
-    except FileNotFoundError:
-        raise SweepError(f"{sweep_dir}: no sweep.json (run `seamkit sweep ... --out {sweep_dir}`)") from None
 
 
 def figure_metrics(sweep: dict, name: str) -> list[tuple[str, str]]:
@@ -50,8 +36,7 @@ def figure_metrics(sweep: dict, name: str) -> list[tuple[str, str]]:
         return []
     if name == "speedup":
         metrics = metrics + [(k, f"FLOP ceiling ({k})") for k in sweep["figure_names"] if "flop" in k.lower()]
-    return [(k, label) for k, label in metrics if any(
-        a["figures"].get(k, {}).get("n") for a in sweep["aggregate"])]
+    return [(k, label) for k, label in metrics if any(a["figures"].get(k) for a in sweep["aggregate"])]
 
 
 def figure_names(sweep: dict) -> list[str]:
@@ -79,8 +64,8 @@ def metric_figure(sweep: dict, name: str, x: str, series: list[str] | None = Non
         for mi, (metric, label) in enumerate(figure_metrics(sweep, name)):
             pts = []
             for xv in xs:  # swept keys neither on x nor in the series are pooled with the seeds
-                s = summarize([p["figures"].get(metric) for p in rows if p["grid"].get(x) == xv])
-                if s["n"]:
+                s = stats([p["figures"].get(metric) for p in rows if p["grid"].get(x) == xv])
+                if s:
                     lo, hi = s["ci95"] or (s["mean"], s["mean"])
                     pts.append((xv if numeric else str(xv), s["mean"], hi - s["mean"], s["mean"] - lo, s["n"]))
             if not pts:
@@ -93,7 +78,8 @@ def metric_figure(sweep: dict, name: str, x: str, series: list[str] | None = Non
                 error_y={"type": "data", "array": [p[2] for p in pts], "arrayminus": [p[3] for p in pts],
                          "visible": True},
                 customdata=[p[4] for p in pts], hovertemplate="%{x}: %{y:.4g} (n=%{customdata})"))
-    target = f" {sweep['target_loss']:.3f}" if name == "time_to_target" and sweep.get("target_loss") else ""
+    with_target = name == "train_curve_time_to_target" and sweep.get("target_loss")
+    target = f" {sweep['target_loss']:.3f}" if with_target else ""
     fig.update_layout(title=f"{title}{target} vs {x} (mean, 95% interval over seeds)", xaxis_title=x,
                       yaxis_title=ytitle, template="plotly_white")
     if numeric:
@@ -109,7 +95,8 @@ def sweep_figures(sweep: dict) -> dict[str, go.Figure]:
 
 
 TABLE = {"seams": ["e2e_final_loss", "local_final_loss", "loss_gap", "local_over_e2e_tokens_per_s",
-                   "local_over_e2e_peak_memory", "e2e_time_to_target_s", "local_time_to_target_s"],
+                   "local_over_e2e_peak_memory", "e2e_train_curve_time_to_target_s",
+                   "local_train_curve_time_to_target_s"],
          "pruning": ["speedup", "memory_ratio", "base_words_per_s", "prune_exact_words_per_s"]}
 
 

@@ -1,13 +1,14 @@
 """A sweep's numbers: each point's key figures read from its report, and per grid point the
-mean, sample sd and t-based 95% interval across seeds.
+summary across seeds (`seamkit.stats.stats`: n, mean, std and the t-based 95% interval).
 
 Key figures are read from the reports' reference keys and tolerate extra ones. Seams:
 per arm `final_loss`, `tokens_per_s` and peak memory (`peak_vram_bytes`, else our
 `peak_rss_bytes`), `loss_gap` (local - e2e), every number in `local_over_e2e`, the traffic
-ratios, and the seconds each arm's training-loss curve takes to reach a target loss (the
-sweep's `target_loss`: given, or the highest loss every complete arm's curve reached, so each
-arm has a time). Pruning: the medians over windows of `speedup`, `memory_ratio` and any
-`*flop*` number, the median words/s per mode, `bitwise` and `within_tolerance` as 1/0.
+ratios, and the seconds each arm's training-loss curve takes to reach a target loss
+(`<arm>_train_curve_time_to_target_s`; the sweep's `target_loss`: given, or the highest loss
+every complete arm's curve reached, so each arm has a time). Pruning: the medians over windows
+of `speedup`, `memory_ratio` and any `*flop*` number, the median words/s per mode, `bitwise`
+and `within_tolerance` as 1/0.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import math
 import statistics
 
 from seamkit.report import provenance
+from seamkit.stats import stats, train_curve_time_to_target
 
 ARMS = ("e2e", "local")
 
@@ -71,58 +73,10 @@ def curve_minimum(report: dict, arm: str) -> float | None:
     return min(curve) if curve else None
 
 
-def time_to_target(report: dict, arm: str, target: float) -> float | None:
-    """Seconds of training until the arm's loss curve first reaches `target` (None: never, or no times)."""
+def train_curve_seconds(report: dict, arm: str, target: float) -> float | None:
+    """Seconds of training until the arm's training-loss curve first reaches `target` (None: never, or no times)."""
     a = report.get("arms", {}).get(arm, {})
-    for loss, t in zip(a.get("loss_curve", []), a.get("loss_curve_elapsed_s", [])):
-        if _num(loss) is not None and loss <= target:
-            return float(t)
-    return None
-
-
-# ----------------------------------------------------------------------------- Student t
-
-def t_two_sided(t: float, df: int) -> float:
-    """P(|T| < t) for Student's t with integer df (Abramowitz & Stegun 26.7.3 and 26.7.4)."""
-    theta = math.atan(t / math.sqrt(df))
-    s, c = math.sin(theta), math.cos(theta)
-    if df % 2 == 1:
-        total, term = 0.0, c
-        for k in range(1, (df - 1) // 2 + 1):  # c + 2/3 c^3 + 2*4/(3*5) c^5 + ...
-            total += term
-            term *= c * c * (2 * k) / (2 * k + 1)
-        return 2 / math.pi * (theta + s * total) if df > 1 else 2 / math.pi * theta
-    total, term = 0.0, 1.0
-    for k in range(1, df // 2 + 1):  # 1 + 1/2 c^2 + 1*3/(2*4) c^4 + ...
-        total += term
-        term *= c * c * (2 * k - 1) / (2 * k)
-    return s * total
-
-
-def t_quantile(p: float, df: int) -> float:
-    """The t with P(T <= t) = p (p > 0.5), by bisection on the exact CDF."""
-    target = 2 * p - 1
-    lo, hi = 0.0, 1.0
-    while t_two_sided(hi, df) < target:
-        hi *= 2
-    for _ in range(200):
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if t_two_sided(mid, df) < target else (lo, mid)
-    return (lo + hi) / 2
-
-
-def summarize(values: list) -> dict:
-    """n, mean, sample sd and the t-based 95% interval of the finite values (sd and interval need n >= 2)."""
-    vals = [v for v in map(_num, values) if v is not None]
-    n = len(vals)
-    if n == 0:
-        return {"n": 0, "mean": None, "sd": None, "ci95": None}
-    mean = statistics.fmean(vals)
-    if n < 2:
-        return {"n": 1, "mean": mean, "sd": None, "ci95": None}
-    sd = statistics.stdev(vals)
-    half = t_quantile(0.975, n - 1) * sd / math.sqrt(n)
-    return {"n": n, "mean": mean, "sd": sd, "ci95": [mean - half, mean + half]}
+    return train_curve_time_to_target(a.get("loss_curve_elapsed_s", []), a.get("loss_curve", []), target)
 
 
 # ----------------------------------------------------------------------------- the sweep
@@ -143,7 +97,8 @@ def aggregate(plan: dict, points: list[dict], target: float | None = None) -> di
             rep = p["report"]
             figures = seams_figures(rep) if p["study"] == "seams" else pruning_figures(rep)
             if p["study"] == "seams" and target is not None:
-                figures.update({f"{arm}_time_to_target_s": time_to_target(rep, arm, target) for arm in ARMS})
+                figures.update({f"{arm}_train_curve_time_to_target_s": train_curve_seconds(rep, arm, target)
+                                for arm in ARMS})
         rows.append({**{k: v for k, v in p.items() if k != "report"}, "figures": figures})
     names = list(dict.fromkeys(k for r in rows if r["study"] == study for k in r["figures"]))
     groups: dict = {}
@@ -155,7 +110,7 @@ def aggregate(plan: dict, points: list[dict], target: float | None = None) -> di
         ok = [r for r in rs if r["status"] == "complete"]
         agg.append({"grid": rs[0]["grid"], "points": len(rs), "complete": len(ok),
                     "seeds": [r["seed"] for r in ok],
-                    "figures": {k: summarize([r["figures"].get(k) for r in ok]) for k in names}})
+                    "figures": {k: stats([r["figures"].get(k) for r in ok]) for k in names}})
     swept = [k for k, v in plan["grid"].items() if len(v) > 1]
     return {"study": study, "preset": plan["preset"], "grid": plan["grid"], "swept": swept,
             "seeds": plan["seeds"], "overrides": plan["overrides"], "checkpoint": plan.get("checkpoint"),
@@ -173,8 +128,9 @@ def csv_tables(sweep: dict) -> dict[str, str]:
     for a in sweep["aggregate"]:
         row = {**a["grid"], "points": a["points"], "complete": a["complete"]}
         for k, s in a["figures"].items():
+            s = s or {"n": 0, "mean": None, "std": None, "ci95": None}
             ci = s["ci95"] or [None, None]
-            row.update({f"{k}_n": s["n"], f"{k}_mean": s["mean"], f"{k}_sd": s["sd"],
+            row.update({f"{k}_n": s["n"], f"{k}_mean": s["mean"], f"{k}_std": s["std"],
                         f"{k}_ci95_lo": ci[0], f"{k}_ci95_hi": ci[1]})
         summary.append(row)
     return {"sweep.csv": csv_text(points), "sweep_summary.csv": csv_text(summary)}

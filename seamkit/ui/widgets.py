@@ -1,14 +1,14 @@
 """Notebook panels: ipywidgets that build a config and call one library function.
 
-What this module owns (STYLE.md: callbacks build a config and call the library, nothing else):
+What this module owns (callbacks build a config and call the library, nothing else):
 - `build_config`: notebook parameters or widget values -> RunConfig, through `config.override`
   (the one override path the CLI and papermill use too); None means "the preset's value".
-- `SeamsPanel` drives `study.seams_study`: preset, budget, objective, seams, repeats and order,
+- `SeamsPanel` drives `seams.study.seams_study`: preset, budget, objective, seams, repeats and order,
   a Run button, one progress bar per arm and a plotly FigureWidget whose two loss curves grow
   from the trainer's "point" events while the arms train (the current seed's curves). When the study ends, the panel shows the
   report's figures and summary table (`show_seams_report`), the view a headless run draws.
 - `PruningPanel` drives the pruning study on a checkpoint: pick a window and a loss policy
-  and its pruning pattern redraws (`window_pattern`); Check runs `check.prune_check` and
+  and its pruning pattern redraws (`window_pattern`); Check runs `pruning.study.prune_check` and
   shows the check table for that window.
 - `show_seams_report` / `show_pruning_report`: a report's figures (plots.py) and table, drawn
   from the report dict only, so an interactive run and a papermill run show the same thing.
@@ -66,9 +66,9 @@ def print_event(e: dict) -> None:
         print(f"{arm}: {e['elapsed_s']:7.1f} s  step {e['step']:>6,}  tokens {e['tokens']:>10,}  "
               f"loss {e['loss']:.4f}", flush=True)
     elif kind == "end":
-        r = e.get("result", {})
-        loss = r.get("final_loss")
-        print(f"{arm}: {e.get('status')}, {r.get('steps', 0):,} steps, "
+        r = e.get("result")  # an ArmResult; None for an arm that never reported
+        loss = r.final_loss if r is not None else None
+        print(f"{arm}: {e.get('status')}, {r.steps if r is not None else 0:,} steps, "
               f"held-out loss {'-' if loss is None else f'{loss:.4f}'}", flush=True)
 
 
@@ -108,7 +108,7 @@ def show_pruning_report(report: dict) -> None:
 # ----------------------------------------------------------------------------- the seams panel
 
 class SeamsPanel(W.VBox):
-    """Widgets over `study.seams_study`; display it in a notebook, press Run.
+    """Widgets over `seams.study.seams_study`; display it in a notebook, press Run.
 
     `preset` and `settings` (config keys, as for `build_config`) give the starting values; the
     widgets' values override them when Run builds the config. The report goes to `out_path`
@@ -228,9 +228,9 @@ class SeamsPanel(W.VBox):
 
 def window_pattern(cfg: C.RunConfig, index: int) -> dict:
     """Held-out window `index` under cfg's loss policy as a pruning report's `pattern` block
-    (`check.pattern`: per position dropped by rule A, context, or target), for the plots.
+    (`pruning.study.pattern`: per position dropped by rule A, context, or target), for the plots.
 
-    The windows are the ones `check.prune_check` builds from the same config; the model's
+    The windows are the ones `pruning.study.prune_check` builds from the same config; the model's
     block count is cfg's (use the preset the checkpoint was trained with).
     """
     from seamkit.pruning import rules as prune
@@ -245,7 +245,7 @@ class PruningPanel(W.VBox):
     """Widgets over the pruning study of one checkpoint; display it in a notebook.
 
     Picking a window or a loss policy redraws that window's pruning pattern (which positions
-    rule A drops, which rule B computes in the last block). Check runs `check.prune_check` with
+    rule A drops, which rule B computes in the last block). Check runs `pruning.study.prune_check` with
     the chosen policy and exactness (arithmetic: every op pruned; bitwise: this CPU's bits), writes the report to `out_path`, shows the check table for the picked
     window, and below it the whole report (`show_pruning_report`). `preset` and `settings` are
     as for `build_config`.

@@ -1,7 +1,7 @@
 """Seams as real pipeline stages on torch.distributed: measured traffic, the best e2e schedule,
 asynchronous local training.
 
-The seams study (train.py) counts the traffic across seams on paper. Here the two arms run as a
+The one-process seams study (`seams.study`) counts the traffic across seams on paper. Here the two arms run as a
 real pipeline, one process per rank, and every message that crosses a seam is counted.
 
 What runs where (plan.py). With S ranks the local arm has S segments, cut at the S-1 seams of
@@ -36,10 +36,8 @@ Entry points:
   seamkit.seams.pipeline.launch(cfg, out_path, stages)     (from a notebook; returns the report)
 """
 
-from seamkit.seams.pipeline.assemble import assemble, summary
-from seamkit.seams.pipeline.launch import DistError, launch, main, parser, run_rank
-from seamkit.seams.pipeline.plan import SCHEDULE_CLASSES, WIRE_DTYPES, Plan, make_plan
-from seamkit.seams.pipeline.wire import measured_bytes
+from seamkit.seams.pipeline.assemble import summary
+from seamkit.seams.pipeline.launch import DistError, launch
+from seamkit.seams.pipeline.plan import make_plan
 
-__all__ = ["DistError", "Plan", "SCHEDULE_CLASSES", "WIRE_DTYPES", "assemble", "launch", "main", "make_plan",
-           "measured_bytes", "parser", "run_rank", "summary"]
+__all__ = ["DistError", "launch", "make_plan", "summary"]

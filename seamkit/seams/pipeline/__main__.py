@@ -1,4 +1,4 @@
-"""`python -m seamkit.seams.pipeline` and `torchrun ... -m seamkit.seams.pipeline`: see seamkit/dist/__init__.py."""
+"""`python -m seamkit.seams.pipeline` and `torchrun ... -m seamkit.seams.pipeline`: see seamkit/seams/pipeline/__init__.py."""
 
 import sys
 

@@ -1,6 +1,6 @@
 """The seams report of a pipeline run, from what every rank returned for each arm.
 
-`study.build_report`'s keys, plus: the stages, the backend, the e2e schedule and its micro-
+`seams.report.build_report`'s keys, plus: the stages, the backend, the e2e schedule and its micro-
 batches (the comparison names them), the placement of the e2e segments, `measured_bytes` per
 arm (counted, against the analytic bytes of that arm's crossings), `per_rank` compute, wait and
 unaccounted time, `bubble` (the wait share of all ranks' time), memory per rank (peak and growth
@@ -9,25 +9,20 @@ over the arm's own start), and for a failed arm the rank and step that failed.
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 from seamkit import config as C
 from seamkit.config import RunConfig
-from seamkit.seams.arm import ARMS
 from seamkit.seams.cuts import traffic_bytes, traffic_ratios
 from seamkit.seams.pipeline.plan import WIRE_DTYPES, Plan
 from seamkit.seams.pipeline.wire import measured_bytes
 from seamkit.seams.report import build_report
+from seamkit.seams.result import ArmResult, curve
 
 
-def _growth(r: dict) -> int | None:
-    return None if r["rss_start_bytes"] is None else r["peak_rss_bytes"] - r["rss_start_bytes"]
-
-
-def arm_result(arm: str, cfg: RunConfig, plan: Plan, ranks: list[dict]) -> dict:
-    """One arm's result in `train.run_arm`'s shape, from its ranks."""
+def arm_result(arm: str, cfg: RunConfig, plan: Plan, ranks: list[dict]) -> ArmResult:
+    """One arm's result from its ranks. Memory is the largest rank's (what one device must hold),
+    its growth the largest growth over a rank's own start."""
     per_step = cfg.data.batch * cfg.model.seq
     owner = plan.owner if arm == "e2e" else list(range(plan.stages))
     lossr = ranks[owner[-1]]
@@ -35,29 +30,22 @@ def arm_result(arm: str, cfg: RunConfig, plan: Plan, ranks: list[dict]) -> dict:
     status = "interrupted" if "interrupted" in statuses else "failed" if "failed" in statuses else "complete"
     elapsed = max(r["elapsed_s"] for r in ranks)  # all ranks start together (a barrier)
     steps = lossr["steps"]
-    pts = lossr["points"]
-    vram = [r["peak_vram_bytes"] for r in ranks if r["peak_vram_bytes"] is not None]
-    final = lossr["final_loss"]
     culprit = next((r for r in ranks if r["failed_here"]), None)
-    growth = [g for g in map(_growth, ranks) if g is not None]
-    return {
-        "arm": arm, "status": status, "steps": steps, "tokens": steps * per_step, "elapsed_s": elapsed,
-        "tokens_per_s": steps * per_step / elapsed if elapsed > 0 else 0.0,
-        "final_loss": final, "final_ppl": math.exp(final) if final is not None else None,
-        "peak_vram_bytes": max(vram) if vram else None,  # the largest stage: what one device must hold
-        "peak_rss_bytes": max(r["peak_rss_bytes"] for r in ranks),
-        "rss_start_bytes": max(r["rss_start_bytes"] or 0 for r in ranks) or None,
-        "loss_curve": [p["loss"] for p in pts], "loss_curve_steps": [p["step"] for p in pts],
-        "loss_curve_elapsed_s": [p["elapsed_s"] for p in pts], "loss_curve_tokens": [p["tokens"] for p in pts],
-        "loss_curve_segments": [[p["loss"]] for p in pts],
-        "failed_step": culprit["failed_step"] if culprit else None,
-        "failed_rank": culprit["rank"] if culprit else None,
-        "peak_rss_growth_bytes": max(growth) if growth else None,
-        "max_step_s": max(r["max_step_s"] for r in ranks),
-        "objective": cfg.seams.objective if arm == "local" else None,
-        "segments": plan.segs if arm == "local" else [list(range(cfg.model.n_blocks))],
-        "checkpoint": None,
-    }
+
+    def largest(key):
+        vals = [r[key] for r in ranks if r[key] is not None]
+        return max(vals) if vals else None
+    return ArmResult(
+        arm=arm, status=status, steps=steps, tokens=steps * per_step, elapsed_s=elapsed,
+        tokens_per_s=steps * per_step / elapsed if elapsed > 0 else 0.0,
+        final_loss=lossr["final_loss"], final_loss_stderr=lossr["final_loss_stderr"],
+        eval_tokens=lossr["eval_tokens"],
+        **{k: largest(k) for k in ("peak_vram_bytes", "vram_growth_bytes", "peak_rss_bytes", "rss_start_bytes",
+                                   "rss_growth_bytes")},
+        lr_final=lossr["lr_final"], max_step_s=max(r["max_step_s"] for r in ranks),
+        failed_step=culprit["failed_step"] if culprit else None, failed_rank=culprit["rank"] if culprit else None,
+        objective=cfg.seams.objective if arm == "local" else None,
+        segments=plan.segs if arm == "local" else [list(range(cfg.model.n_blocks))], **curve(lossr["points"]))
 
 
 def assemble(cfg: RunConfig, plan: Plan, parts: dict, backend: str, isolation: str,
@@ -67,10 +55,8 @@ def assemble(cfg: RunConfig, plan: Plan, parts: dict, backend: str, isolation: s
     seams_cfg = C.override(cfg, {"seams.seams": ",".join(map(str, plan.seams)) or "none",
                                  "seams.stages": plan.stages})
     results = {arm: arm_result(arm, cfg, plan, ranks) for arm, ranks in parts.items()}
-    interrupted = any(r["status"] == "interrupted" for r in results.values())
+    interrupted = any(r.status == "interrupted" for r in results.values())
     report = build_report(seams_cfg, results, interrupted=interrupted)
-    for arm, r in results.items():  # ours, beside build_report's arm keys
-        report["arms"][arm].update({k: r[k] for k in ("failed_rank", "peak_rss_growth_bytes")})
     if failure is not None:
         a = report["arms"][failure["arm"]]
         a.update(status="failed", failed_rank=failure["rank"], failed_step=failure["step"], error=failure["error"])
@@ -87,9 +73,6 @@ def assemble(cfg: RunConfig, plan: Plan, parts: dict, backend: str, isolation: s
             measured[arm] = measured_bytes(arm, ranks, plan.crossings(), plan.owner, act, plan.micro_batches)
         else:
             measured[arm] = measured_bytes(arm, ranks, list(range(plan.stages - 1)), list(range(plan.stages)), act, 1)
-    ratio = report["local_over_e2e"]
-    growth = [report["arms"][a].get("peak_rss_growth_bytes") for a in ARMS]
-    ratio["peak_memory_growth"] = round(growth[1] / growth[0], 4) if all(growth) else None
     report.update({
         "stages": plan.stages,
         "backend": backend,
@@ -107,8 +90,8 @@ def assemble(cfg: RunConfig, plan: Plan, parts: dict, backend: str, isolation: s
         "measured_matches_analytic": bool(measured) and all(x["agrees"] and x["sent_equals_received"]
                                                             for x in measured.values()),
         "per_rank": {arm: [{k: v for k, v in r.items() if k != "points"} | {
-            "wait_share": r["wait_s"] / r["elapsed_s"] if r["elapsed_s"] > 0 else 0.0,
-            "peak_rss_growth_bytes": _growth(r)} for r in ranks] for arm, ranks in parts.items()},
+            "wait_share": r["wait_s"] / r["elapsed_s"] if r["elapsed_s"] > 0 else 0.0} for r in ranks]
+            for arm, ranks in parts.items()},
         "bubble": {arm: sum(r["wait_s"] for r in ranks) / max(1e-12, sum(r["elapsed_s"] for r in ranks))
                    for arm, ranks in parts.items()},
     })
@@ -116,7 +99,7 @@ def assemble(cfg: RunConfig, plan: Plan, parts: dict, backend: str, isolation: s
 
 
 def summary(report: dict) -> str:
-    """Lines to print under `study.summary_table`: the schedule, measured bytes and bubbles."""
+    """Lines to print under `seams.report.summary_table`: the schedule, measured bytes and bubbles."""
     s, lines = report["pipeline_schedule"], []
     for arm, m in report["measured_bytes"].items():
         what = f"e2e {s['e2e']}, {s['micro_batches']} micro-batches" if arm == "e2e" else "local"

@@ -24,10 +24,11 @@ import torch
 import torch.nn as nn
 from torch.distributed import pipelining
 
+from seamkit.loop import BudgetLoop
 from seamkit.model import lm_loss
 from seamkit.optim import make_optimizer
 from seamkit.seams.pipeline.plan import SCHEDULE_CLASSES, WIRE_DTYPES
-from seamkit.seams.pipeline.stage import SLOW_S, WHERE, RankRun, fault, stop_requested
+from seamkit.seams.pipeline.stage import SLOW_S, RankRun, fault, stop_requested
 from seamkit.seams.pipeline.wire import Tally, Timer, timed_pipeline_waits
 
 GO, STOP, INTERRUPT = 0, 1, 2  # rank 0's stop flag in the all_reduce
@@ -104,12 +105,10 @@ class E2ERun(RankRun):
         with self.compute:
             return lm_loss(logits_bTV, y_bT) / self.plan.micro_batches
 
-    def loop(self, run, clock, budget, marks) -> None:
+    def loop(self, loop: BudgetLoop) -> None:
         tc, n, V = self.cfg.train, self.n_tensors, self.V
         while True:
-            step, t0 = run["steps"], clock.elapsed()
-            self.step_start_s = t0
-            WHERE["step"] = step
+            step, t0 = self.begin(loop)
             x_BT, y_BT = self.loader.next()
             how = fault(self.rank, step, self.arm)
             if how == "slow":
@@ -122,7 +121,7 @@ class E2ERun(RankRun):
                 self.sched.step(*((x_BT,) if 0 in self.mine else ()),
                                 target=y_BT if self.rank == self.loss_rank else None,
                                 losses=losses, return_outputs=False)
-            run["wire_steps"] += 1
+            self.extra["wire_steps"] += 1
             # gradient norms at their places in the GPT's order | loss | non-finite per segment | stop
             with self.compute:
                 vec = torch.zeros(n + 1 + V + 1, device=self.device, dtype=self.dtype)
@@ -137,23 +136,24 @@ class E2ERun(RankRun):
                         total += loss.detach()
                     vec[n] = total
             if self.rank == 0:
-                vec[-1] = INTERRUPT if stop_requested() else STOP if self.spent(clock, budget, step + 1) else GO
+                vec[-1] = INTERRUPT if stop_requested() else STOP if loop.spent(step + 1) else GO
             self.wire.all_reduce(vec)  # sums of one value and zeros: exact
             loss = vec[n].item()
             bad = [v for v in range(V) if vec[n + 1 + v].item() > 0]
             if bad or not math.isfinite(loss):
                 at = bad[0] if bad else V - 1  # the first segment whose output went non-finite
-                run.update(status="failed", failed_step=step, failed_here=self.owner[at] == self.rank)
+                loop.fail(step)
+                self.extra["failed_here"] = self.owner[at] == self.rank
                 self.opt.zero_grad(set_to_none=True)
                 return
             with self.compute:
                 if tc.grad_clip > 0:  # clip_grad_norm_'s total: the norm of the stacked norms
                     total_norm = torch.linalg.vector_norm(vec[:n], 2.0)
                     torch.nn.utils.clip_grads_with_norm_(self.module.parameters(), tc.grad_clip, total_norm)
-                self.update(step, self.opt)
-            self.stepped(run, clock, budget, marks, step, t0, loss)
+                self.update(self.opt)
+            loop.stepped(step, t0, self.lr, [loss])
             flag = int(vec[-1].item())
             if flag == INTERRUPT:
-                run["status"] = "interrupted"
+                loop.interrupt()
             if flag != GO:
                 return

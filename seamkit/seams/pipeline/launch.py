@@ -37,12 +37,12 @@ import torch.distributed as dist
 
 from seamkit import config as C
 from seamkit.config import ConfigError, RunConfig, SeamkitError
-from seamkit.data.corpus import load_corpus
+from seamkit.data.load import load_corpus
 from seamkit.loop import ProgressBars, fanout
 from seamkit.model import resolve_device
 from seamkit.report import atomic_write_text, write_report
 from seamkit.seams.arm import ARMS
-from seamkit.seams.pipeline.assemble import assemble, summary
+from seamkit.seams.pipeline.assemble import arm_result, assemble, summary
 from seamkit.seams.pipeline.e2e import E2ERun
 from seamkit.seams.pipeline.local import LocalRun
 from seamkit.seams.pipeline.plan import WIRE_DTYPES, make_plan
@@ -140,7 +140,7 @@ def launch(cfg: RunConfig, out_path, stages: int | None = None, callback: Callab
 
     Each arm runs in S fresh processes (`python -m seamkit.seams.pipeline`, their own sessions,
     rendezvous through a file store). Events (start, point, progress, end) reach `callback` as
-    in `study.seams_study`. The first rank that dies stops the others; the report is written
+    in `seams.study.seams_study`. The first rank that dies stops the others; the report is written
     with that arm failed, then DistError("rank K died: ...") is raised. Ctrl-C here asks rank 0
     to stop between steps and returns the report (status "interrupted"); a second Ctrl-C stops
     everything at once. `cfg.train.threads` is per rank; 0 splits this machine's cores evenly.
@@ -177,8 +177,9 @@ def launch(cfg: RunConfig, out_path, stages: int | None = None, callback: Callab
     backend = "nccl" if device.type == "cuda" else backend
     report = assemble(cfg, plan, parts, backend, "process: each arm on fresh processes, one per rank", failure)
     write_report(out_path, report, "seams")
-    for arm in ARMS:
-        cb({"kind": "end", "arm": arm, "status": report["arms"][arm].get("status"), "result": report["arms"][arm]})
+    for arm in ARMS:  # as one process ends an arm: its status and its ArmResult
+        result = arm_result(arm, cfg, plan, parts[arm]) if arm in parts else None
+        cb({"kind": "end", "arm": arm, "status": report["arms"][arm].get("status"), "result": result})
     if error is not None:
         raise DistError(f"{error} (report: {out_path})")
     shutil.rmtree(rundir, ignore_errors=True)

@@ -25,11 +25,12 @@ import time
 
 import torch
 
+from seamkit.loop import BudgetLoop
 from seamkit.model import autocast, lm_loss
 from seamkit.optim import make_optimizer
 from seamkit.seams.arm import token_counts
 from seamkit.seams.objectives import class_map, make_aux_heads
-from seamkit.seams.pipeline.stage import SLOW_S, WHERE, RankRun, fault, stop_requested
+from seamkit.seams.pipeline.stage import SLOW_S, RankRun, fault, stop_requested
 
 GO, STOP, INTERRUPT, FAILED = 1, 0, 2, 3  # control values
 
@@ -69,40 +70,39 @@ class LocalRun(RankRun):
 
     # -- the loop
 
-    def loop(self, run, clock, budget, marks) -> None:
+    def loop(self, loop: BudgetLoop) -> None:
         self.told_stop, failed, key = False, False, f"{self.arm}/failed"
         while True:
             cmd = None
             if self.first:
                 cmd = (INTERRUPT if stop_requested() else FAILED if failed or self.faults.check([key])
-                       else STOP if self.spent(clock, budget, run["steps"]) else GO)
+                       else STOP if loop.spent() else GO)
             cmd = self._control(cmd)
             self._pass_on(FAILED if failed and cmd == GO else cmd)
             if cmd != GO:
                 if cmd == INTERRUPT:
-                    run["status"] = "interrupted"
+                    loop.interrupt()
                 elif cmd == FAILED:
-                    run["status"] = "failed"
+                    loop.run["status"] = "failed"
                 break
             if failed:  # take what upstream still sends, until it stops
                 self.wire.recv(self.h_shape, self.rank - 1, "activation")
                 continue
-            step, t0 = run["steps"], clock.elapsed()
-            self.step_start_s = t0
-            WHERE["step"] = step
+            step, t0 = self.begin(loop)
             value = self.step(step)
-            run["wire_steps"] += 1
+            self.extra["wire_steps"] += 1
             if not math.isfinite(value):
-                run.update(status="failed", failed_step=step, failed_here=True)
+                loop.fail(step)
+                self.extra["failed_here"] = True
                 failed = True
                 self.faults.set(key, f"{self.rank}:{step}")
                 continue
-            self.stepped(run, clock, budget, marks, step, t0, value)
+            loop.stepped(step, t0, self.lr, [value])
         self.wire.commit(0)
         # the budget may end as a stage fails: agree before anyone evaluates (one tiny collective)
-        flag = torch.tensor([float(run["status"] == "failed")], device=self.device)
+        flag = torch.tensor([float(loop.run["status"] == "failed")], device=self.device)
         if self.wire.all_reduce(flag).item() > 0:
-            run["status"] = "failed"
+            loop.run["status"] = "failed"
 
     def step(self, step: int) -> float:
         """Forward, send h_BTC on (at most `queue` steps in flight), then learn from the local loss."""
@@ -129,7 +129,7 @@ class LocalRun(RankRun):
                 if self.cfg.train.grad_clip > 0:
                     params = list(self.seg.parameters()) + (list(self.head.parameters()) if self.head else [])
                     torch.nn.utils.clip_grad_norm_(params, self.cfg.train.grad_clip)
-                self.update(step, *opts)
+                self.update(*opts)
             for o in opts:
                 o.zero_grad(set_to_none=True)
         return value

@@ -2,8 +2,8 @@
 
 `Segment` is a run of blocks (plus the embedding on the first, the final norm and LM head on
 the last) taken from the whole GPT, so its weights are those of the single-process arms.
-`RankRun` is one arm on one rank: the budget bookkeeping (steps, clock, loss curve, progress
-events), the compute and wait timers, the fault hooks, held-out evaluation through the whole
+`RankRun` is one arm on one rank: the budget bookkeeping (`loop.BudgetLoop`, as one process
+keeps it: steps, clock, loss curve, progress events), the compute and wait timers, the fault hooks, held-out evaluation through the whole
 pipeline, and the per-rank result rank 0 assembles into the report. `e2e.E2ERun` and
 `local.LocalRun` supply the loop.
 """
@@ -21,15 +21,13 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from seamkit.config import RunConfig
-from seamkit.data.corpus import RowLoader, eval_batches
-from seamkit.loop import Clock, CurveMarks
-from seamkit.memory import peak_rss_bytes, reset_peak_memory
+from seamkit.data.rows import RowLoader
+from seamkit.loop import BudgetLoop, Clock, held_out, mean_and_stderr
+from seamkit.memory import Baseline
 from seamkit.model import GPT, autocast, lm_loss, param_dtype
-from seamkit.optim import scheduled_lr
 from seamkit.seams.pipeline.plan import WIRE_DTYPES, Plan
 from seamkit.seams.pipeline.wire import Tally, Timer, Wire
 
-PROGRESS_EVERY_S = 0.25
 SLOW_S = 0.2  # the "slow" fault: this much extra compute per step
 WHERE = {"arm": None, "step": None}  # what this rank is doing, for its error file if it raises
 
@@ -108,16 +106,10 @@ def stop_requested() -> bool:
     return _SIGINT["at"] is not None
 
 
-def _rss_bytes() -> int | None:
-    try:
-        return int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        return None
-
-
 class RankRun:
     """One arm on one rank. Subclasses set self.segs (this rank's Segments, by virtual index in
-    self.owner) and implement `loop(run, clock, budget, marks)`."""
+    self.owner) and implement `loop(loop: BudgetLoop)`: `begin`, the step, `update`, then
+    `loop.stepped`, until rank 0 finds `loop.spent()`."""
 
     arm = ""
 
@@ -126,7 +118,6 @@ class RankRun:
         self.cfg, self.plan, self.rank, self.device, self.emit = cfg, plan, rank, device, emit
         self.all_segs, self.owner = all_segs, owner
         self.mine = [v for v, r in enumerate(owner) if r == rank]
-        self.step_start_s = 0.0  # training seconds when the current step started (the LR schedule's)
         self.loss_rank = owner[-1]  # holds the LM head: reports the loss curve and the held-out loss
         tc, m = cfg.train, cfg.model
         self.dtype = param_dtype(tc.dtype)
@@ -143,94 +134,64 @@ class RankRun:
         del model
         self.loader = RowLoader(corpus, "train", cfg.data.batch, m.seq, tc.seed, device=device)
         ends = 0 in self.mine or self.rank == self.loss_rank
-        self.held_out = eval_batches(corpus, "val", cfg.data.batch, m.seq, tc.eval_batches, device=device) \
-            if ends else [None] * tc.eval_batches
+        # the held-out set every placement evaluates on; the middle ranks only count its batches
+        batches = held_out(corpus, cfg, device=device)
+        self.held_out = batches if ends else [None] * len(batches)
         self.h_shape = (cfg.data.batch, m.seq, m.dim)
 
-    # -- the loop's bookkeeping
+    # -- the loop's bookkeeping: the same BudgetLoop one process drives
 
     def train(self) -> dict:
         tc = self.cfg.train
-        budget = tc.budget_seconds if tc.budget_seconds > 0 else math.inf
-        marks = CurveMarks(tc.curve_points, budget, tc.max_steps)
+        per_step = self.cfg.data.batch * self.cfg.model.seq
         sync = (lambda: torch.cuda.synchronize(self.device)) if self.device.type == "cuda" else (lambda: None)
-        run = {"status": "complete", "steps": 0, "wire_steps": 0, "elapsed_s": 0.0, "max_step_s": 0.0,
-               "failed_step": None, "failed_here": False, "points": [], "loss": None, "last": None,
-               "next_progress": 0.0}
-        if self.rank == self.loss_rank:
+        holds_curve = self.rank == self.loss_rank
+        if holds_curve:
             self.emit({"kind": "start", "budget_seconds": tc.budget_seconds, "max_steps": tc.max_steps,
-                       "tokens_per_step": self.cfg.data.batch * self.cfg.model.seq,
+                       "tokens_per_step": per_step,
                        "segments": self.plan.segs if self.arm == "local" else [list(range(self.cfg.model.n_blocks))],
                        "objective": self.cfg.seams.objective if self.arm == "local" else None})
-        reset_peak_memory(self.device)
-        run["rss_start_bytes"] = _rss_bytes()
+        memory = Baseline.start(self.device)
         dist.barrier()
         clock = Clock(sync)
+        loop = BudgetLoop(tc, per_step, clock, self.emit if holds_curve else None)
+        self.lr = None
         WHERE["arm"] = self.arm
-        self.loop(run, clock, budget, marks)
+        self.extra = {"wire_steps": 0, "failed_here": False}
+        self.loop(loop)
         self.wire.commit(0)
-        run["elapsed_s"] = clock.elapsed()
-        if self.rank == self.loss_rank:
-            last = run["last"]
-            if last is not None:  # as train.budget_loop: marks after a long last step are that step's
-                for _ in range(marks.left() if run["status"] == "complete" else 0):
-                    self._point(run, last)
-                if not run["points"] or run["points"][-1] is not last or run["status"] == "complete":
-                    self._point(run, last)
-            self._progress(run, budget)
-        run["peak_rss_bytes"] = peak_rss_bytes()
-        run["peak_vram_bytes"] = torch.cuda.max_memory_allocated(self.device) if self.device.type == "cuda" else None
+        loop.run["elapsed_s"] = clock.elapsed()
+        run = loop.finish() | self.extra
+        run["loss"] = loop.last["loss"] if loop.last else None  # this rank's own last loss
+        run.update(memory.measure())
         WHERE["step"] = "evaluation"
-        run["final_loss"] = self.evaluate() if run["status"] == "complete" else None
+        run["final_loss"], run["final_loss_stderr"] = self.evaluate() if run["status"] == "complete" else (None, None)
+        run["eval_tokens"] = len(self.held_out) * per_step
         return run
 
-    def stepped(self, run: dict, clock: Clock, budget: float, marks: CurveMarks, step: int, t0: float,
-                loss: float) -> None:
-        """Bookkeeping after a finished step (loss known on this rank or shared)."""
-        t1 = clock.elapsed()
-        per_step = self.cfg.data.batch * self.cfg.model.seq
-        run.update(steps=step + 1, elapsed_s=t1, max_step_s=max(run["max_step_s"], t1 - t0), loss=loss)
-        run["last"] = {"step": step, "elapsed_s": t0, "tokens": step * per_step, "loss": loss}
-        if self.rank == self.loss_rank:
-            for _ in range(marks.due(step, t0)):  # a step that spans several marks fills each
-                self._point(run, run["last"])
-            if t1 >= run["next_progress"]:
-                self._progress(run, budget)
-                run["next_progress"] = t1 + PROGRESS_EVERY_S
+    def begin(self, loop: BudgetLoop) -> tuple[int, float]:
+        """The next step and the training second it starts at; its LR is kept for `update`."""
+        step, t0, self.lr = loop.begin()
+        WHERE["step"] = step
+        return step, t0
 
-    def _point(self, run: dict, p: dict) -> None:
-        run["points"].append(p)
-        self.emit({"kind": "point", "index": len(run["points"]) - 1, **p, "segment_losses": [p["loss"]]})
-
-    def _progress(self, run: dict, budget: float) -> None:
-        tc, per_step = self.cfg.train, self.cfg.data.batch * self.cfg.model.seq
-        e = run["elapsed_s"]
-        self.emit({"kind": "progress", "step": run["steps"], "elapsed_s": e, "tokens": run["steps"] * per_step,
-                   "loss": run["loss"], "tokens_per_s": run["steps"] * per_step / e if e > 0 else 0.0,
-                   "fraction": min(1.0, max(e / budget, run["steps"] / tc.max_steps if tc.max_steps else 0.0))})
-
-    def spent(self, clock: Clock, budget: float, steps: int) -> bool:
-        """Rank 0's call: the budget or max_steps is used up after `steps` steps."""
-        tc = self.cfg.train
-        return clock.elapsed() >= budget or bool(tc.max_steps and steps >= tc.max_steps)
-
-    def update(self, step: int, *opts) -> None:
+    def update(self, *opts) -> None:
         """One optimizer step at this step's learning rate (the stage loops' only lr call site).
 
         Under the budget schedule the LR follows the share of the budget spent when the step
-        started (`step_start_s`, this rank's clock: every rank starts it after one barrier)."""
-        lr = scheduled_lr(step, self.step_start_s, self.cfg.train)
+        started (this rank's clock: every rank starts it after one barrier)."""
         for opt in opts:
             for g in opt.param_groups:
-                g["lr"] = lr
+                g["lr"] = self.lr
             opt.step()
             opt.zero_grad(set_to_none=True)
 
     # -- evaluation through the whole pipeline
 
     @torch.no_grad()
-    def evaluate(self) -> float | None:
-        """The whole pipeline's LM loss on the held-out batches (eval traffic counted apart).
+    def evaluate(self) -> tuple[float | None, float | None]:
+        """The whole pipeline's LM loss on the held-out batches and its standard error, as one
+        process evaluates (`loop.evaluate_model`; eval traffic counted apart). None off the loss rank.
         Every rank runs its segments in ascending order, so the data flows one way only."""
         V, owner = len(self.owner), self.owner
         for s in self.segs.values():
@@ -255,9 +216,9 @@ class RankRun:
         for s in self.segs.values():
             s.train()
         if self.rank != self.loss_rank:
-            return None
-        value = torch.stack(losses).mean().item()
-        return value if math.isfinite(value) else None
+            return None, None
+        value, stderr = mean_and_stderr(torch.stack(losses))
+        return (value, stderr) if math.isfinite(value) else (None, None)
 
     # -- what rank 0 assembles
 
@@ -270,9 +231,10 @@ class RankRun:
             "failed_step": run["failed_step"], "failed_here": run["failed_here"],
             "elapsed_s": run["elapsed_s"], "max_step_s": run["max_step_s"],
             "compute_s": compute, "wait_s": wait, "other_s": run["elapsed_s"] - compute - wait,
-            "loss": run["loss"], "final_loss": run["final_loss"],
-            "peak_rss_bytes": run["peak_rss_bytes"], "rss_start_bytes": run["rss_start_bytes"],
-            "peak_vram_bytes": run["peak_vram_bytes"],
+            "loss": run["loss"], "final_loss": run["final_loss"], "final_loss_stderr": run["final_loss_stderr"],
+            "eval_tokens": run["eval_tokens"],
+            **{k: run[k] for k in ("peak_rss_bytes", "rss_start_bytes", "rss_growth_bytes", "peak_vram_bytes",
+                                   "vram_growth_bytes", "lr_final")},
             "points": run["points"] if self.rank == self.loss_rank else [], "traffic": self.tally.counts(),
         }
 

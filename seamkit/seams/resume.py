@@ -1,6 +1,6 @@
 """Resuming an interrupted run or study (`seamkit train --resume OUT`, `seamkit seams --resume OUT`).
 
-What an arm's checkpoint holds for it (`train.run_arm` writes it, periodically every
+What an arm's checkpoint holds for it (`arm.run_arm` writes it, periodically every
 `train.checkpoint_every_s` training seconds and when the arm ends): the GPT's weights and AdamW
 state, the aux heads and their AdamW state (`extra`), the RNG states, the RowLoader's position
 (`data`) and the budget loop's state (`extra.resume`: steps, training seconds, so the schedule
@@ -27,8 +27,9 @@ import threading
 from pathlib import Path
 
 from seamkit import checkpoint
-from seamkit.config import RunConfig, SeamkitError
+from seamkit.config import RunConfig, SeamkitError, upgrade
 from seamkit.report import atomic_file
+from seamkit.seams.result import ArmResult
 
 ENDED = ("complete", "failed")  # an arm in such a state is kept, never continued
 IGNORED = ("train.threads",)  # may differ between the run and its resume
@@ -50,7 +51,7 @@ def _flat(d: dict, prefix: str = "") -> dict:
 
 def check_config(saved: dict, cfg: RunConfig, path) -> None:
     """Refuse a resume under another config than the run's, naming the first differing field."""
-    have, want = _flat(saved), _flat(cfg.to_dict())
+    have, want = _flat(upgrade(saved)), _flat(cfg.to_dict())
     for key in sorted(set(have) | set(want)):
         if key not in IGNORED and have.get(key) != want.get(key):
             raise ResumeError(f"cannot resume from {path}: it was run with {key}={have.get(key)!r}, this command "
@@ -116,8 +117,9 @@ def study_state_path(out_path) -> Path:
 
 def save_study(out_path, cfg: RunConfig, runs: list[dict]) -> None:
     """Every repeat's results so far, atomically (snapshots' paths included, for the held-out views)."""
+    plain = [{**r, "results": {a: x.to_dict() for a, x in r["results"].items()}} for r in runs]
     with atomic_file(study_state_path(out_path), "w") as f:
-        json.dump({"config": cfg.to_dict(), "runs": runs}, f)
+        json.dump({"config": cfg.to_dict(), "runs": plain}, f)
 
 
 def load_study(out_path, cfg: RunConfig) -> list[dict]:
@@ -131,7 +133,8 @@ def load_study(out_path, cfg: RunConfig) -> list[dict]:
         return []
     try:
         state = json.loads(path.read_text())
-        saved, runs = state["config"], state["runs"]
+        saved = state["config"]
+        runs = [{**r, "results": {a: ArmResult.from_dict(x) for a, x in r["results"].items()}} for r in state["runs"]]
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise ResumeError(f"cannot resume {out_path}: {path} is corrupt ({type(e).__name__})") from None
     check_config(saved, cfg, path)

