@@ -24,6 +24,7 @@ from seamkit.report import load_report
 from seamkit.reproduce import NOTEBOOKS, run_notebook
 from seamkit.sweep import plan as P
 from seamkit.sweep import run as S
+from tests.conftest import default_sigint
 
 ROOT = Path(__file__).resolve().parents[1]
 SETTINGS = ["--preset", "tiny", "--threads", "1", "--set", "train.max_steps=3", "--set", "train.budget_seconds=600"]
@@ -167,12 +168,13 @@ def test_ctrl_c_writes_what_is_done_and_nothing_half_written(tmp_path):
     d = tmp_path / "interrupted"
     cmd = [sys.executable, "-m", "seamkit", "sweep", "seams", "--grid", "seams=1,2", "--preset", "tiny",
            "--threads", "1", "--set", "train.budget_seconds=60", "--out", str(d)]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=default_sigint)
     log = d / "points" / "seams=1__seed=0" / "point.log"
     deadline = time.monotonic() + 120
-    while not (log.exists() and "e2e: training for" in log.read_text()) and time.monotonic() < deadline:
+    while not (log.exists() and "e2e (seed 0): training for" in log.read_text()) and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert proc.poll() is None, proc.communicate()
+    assert proc.poll() is None and time.monotonic() < deadline, (log.read_text()[-2000:], proc.poll())
     time.sleep(1.0)  # inside the e2e arm
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=120)

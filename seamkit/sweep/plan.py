@@ -225,7 +225,7 @@ def point_command(out_dir, point: dict) -> str:
     folder = Path(out_dir) / point["dir"]
     argv = papermill_argv(point, notebook_path(out_dir, point))
     return (f"mkdir -p {shlex.quote(str(folder))} && cd {shlex.quote(str(ROOT))} && "
-            f"{shlex.join(argv)} > {shlex.quote(str(folder / 'point.log'))} 2>&1")
+            f"PYTHONUNBUFFERED=1 {shlex.join(argv)} > {shlex.quote(str(folder / 'point.log'))} 2>&1")
 
 
 def load_plan(out_dir) -> dict:

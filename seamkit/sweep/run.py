@@ -124,8 +124,10 @@ class _Running:
         self.log_path = folder / "point.log"
         self.log = open(self.log_path, "wb")
         self.t0 = time.monotonic()
+        # unbuffered: point.log follows the point as it runs (a log file would otherwise fill at the end)
         self.proc = subprocess.Popen(papermill_argv(point, self.partial), cwd=ROOT, stdout=self.log,
-                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+                                     env={**os.environ, "PYTHONUNBUFFERED": "1"})
 
     def last_line(self) -> str:
         try:
