@@ -13,6 +13,7 @@ numpy arrays, are refused as an old unsafe format.
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import os
 import pickle
@@ -25,7 +26,7 @@ import numpy as np
 import torch
 
 from seamkit.config import ConfigError, RunConfig, SeamkitError, from_dict, override
-from seamkit.report import atomic_file
+from seamkit.report import atomic_file, temp_prefix
 
 FORMAT = 2  # 2: plain data only, loaded with weights_only=True (1 pickled numpy arrays)
 
@@ -82,6 +83,43 @@ def atomic_torch_save(obj, path: str | os.PathLike) -> None:
     """torch.save through report.atomic_file: a temporary file beside `path`, then a rename."""
     with atomic_file(path, "wb") as f:
         torch.save(obj, f)
+
+
+def remove_stale_temporaries(path) -> list[Path]:
+    """Remove what atomic writes of `path` left behind when their writer died mid-write (SIGKILL,
+    an OOM kill): the temporaries named for `path` (`report.temp_prefix`) whose writing process,
+    on this machine, is gone. A live writer's (two runs writing one folder), another machine's,
+    and other paths' temporaries stay. Returns the paths removed."""
+    path = Path(path)
+    if not path.parent.is_dir():
+        return []
+    head = f".{path.name}."
+    host = temp_prefix(path)[len(head):].split("@", 1)[1]  # '<host>.': only this machine's pids can be asked
+    pattern = re.compile(rf"{re.escape(head)}(\d+)@{re.escape(host)}[a-z0-9_]+\.tmp")
+    removed = []
+    for tmp in path.parent.glob(f"{glob.escape(head)}*.tmp"):
+        m = pattern.fullmatch(tmp.name)
+        if m and not _alive(int(m.group(1))):
+            tmp.unlink(missing_ok=True)
+            removed.append(tmp)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    """Whether process `pid` exists on this machine (another user's counts)."""
+    if pid == os.getpid():
+        return True
+    if pid <= 0:
+        return False  # never signal 0 or a negative pid: they name process groups
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    except (OverflowError, OSError):
+        return False
+    return True
 
 
 def save(path, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, cfg: RunConfig,

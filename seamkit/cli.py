@@ -9,8 +9,11 @@ exits with 130 after the library has written what it had.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import itertools
 import json
 import os
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -94,14 +97,33 @@ def cmd_info(args) -> int:
     return 0
 
 
+@contextlib.contextmanager
+def _made_dirs_go_on_error(*dirs):
+    """The folders that checking or running creates for `dirs` are removed again when the
+    command fails on a bad input (a SeamkitError) before anything was written in them."""
+    tops = [made[-1] for made in (list(itertools.takewhile(lambda d: not d.exists(), [Path(d), *Path(d).parents]))
+                                  for d in dirs) if made]
+    try:
+        yield
+    except C.SeamkitError:
+        for top in tops:
+            if top.is_dir() and all(f.is_dir() for f in top.rglob("*")):  # folders only: nothing written
+                shutil.rmtree(top, ignore_errors=True)
+        raise
+
+
 def cmd_train(args) -> int:
+    from seamkit.seams import resume as R
     from seamkit.seams.run import train_run
     cfg = build_config(args)
     out = args.resume or args.out
-    check_writable(out, directory=True)
-    summary = train_run(cfg, Path(out), resume=args.resume is not None)
-    print(json.dumps({k: summary[k] for k in ("status", "steps", "tokens_per_s", "val_loss", "checkpoint")
-                      if k in summary}, indent=2))
+    if args.resume:
+        R.check_run(out)  # before anything is created
+    with _made_dirs_go_on_error(out):
+        check_writable(out, directory=True)
+        summary = train_run(cfg, Path(out), resume=args.resume is not None)
+    print(json.dumps({k: summary[k] for k in ("status", "steps", "tokens_per_s", "val_loss", "checkpoint",
+                                              "wall_clock_dependent") if k in summary}, indent=2))
     return _exit_code(summary.get("status"))
 
 
@@ -111,23 +133,26 @@ def _exit_code(status) -> int:
 
 
 def cmd_seams(args) -> int:
+    from seamkit.seams import resume as R
     from seamkit.seams.arm import checkpoint_path
     from seamkit.seams.report import summary_table
     from seamkit.seams.study import seams_study
     cfg = build_config(args)
     if args.resume:
         args.out = args.resume
-    check_writable(args.out)
-    check_writable(checkpoint_path(args.out, "e2e"))
-    extra = None
-    if cfg.seams.stages > 0:  # real pipeline stages, one process per segment (seamkit.seams.pipeline)
-        if args.resume:
+        if cfg.seams.stages > 0:
             raise C.ConfigError("--resume is for the one-device study (seams.stages=0)")
-        from seamkit.seams.pipeline import launch, summary
-        report = launch(cfg, Path(args.out))
-        extra = summary(report)
-    else:
-        report = seams_study(cfg, Path(args.out), resume=args.resume is not None)
+        R.check_study(args.out)  # before anything is created
+    extra = None
+    with _made_dirs_go_on_error(Path(args.out).parent, checkpoint_path(args.out, "e2e").parent):
+        check_writable(args.out)
+        check_writable(checkpoint_path(args.out, "e2e"))
+        if cfg.seams.stages > 0:  # real pipeline stages, one process per segment (seamkit.seams.pipeline)
+            from seamkit.seams.pipeline import launch, summary
+            report = launch(cfg, Path(args.out))
+            extra = summary(report)
+        else:
+            report = seams_study(cfg, Path(args.out), resume=args.resume is not None)
     print(summary_table(report))
     if extra:
         print(extra)
@@ -141,7 +166,9 @@ def cmd_prune_check(args) -> int:
     cfg = build_config(args)
     check_overrides(args.checkpoint, C.parse_overrides(args.overrides))
     check_writable(args.out)
-    report = prune_check(cfg, Path(args.checkpoint), Path(args.out))
+    # the checkpoint's corpus unless --set data.corpus names another (of the checkpoint's tokenizer)
+    corpus = cfg.data.corpus if "data.corpus" in C.parse_overrides(args.overrides) else None
+    report = prune_check(cfg, Path(args.checkpoint), Path(args.out), corpus=corpus)
     print(summary_table(report))
     print(f"report: {args.out}")
     return 0 if report.get("status") == "complete" else 1
@@ -156,8 +183,10 @@ def cmd_reproduce(args) -> int:
 
 
 def cmd_data_prepare(args) -> int:
-    from seamkit.data.tokenfiles import prepare
-    check_writable(args.out, directory=True)
+    from seamkit.data.tokenfiles import check_output, check_sizes, prepare
+    # before any work and creating nothing: prepare writes beside the output and renames at the end
+    check_sizes(args.workers, args.shard_tokens)
+    check_output(args.out)
     meta = prepare(args.corpus, args.tokenizer, args.out, workers=args.workers, shard_tokens=args.shard_tokens,
                    text_column=args.text_column)
     sp = meta["splits"]
@@ -173,8 +202,11 @@ def cmd_sweep(args) -> int:
     from seamkit.sweep import run as S
     from seamkit.sweep.plots import failures, sweep_table
     if args.collect:
-        if args.study or args.grid or args.emit_jobs:
-            raise P.SweepError("--collect DIR takes no study, --grid or --emit-jobs")
+        given = [flag for flag, v in (("a study", args.study), ("--grid", args.grid), ("--emit-jobs", args.emit_jobs),
+                                      ("--out", args.out), ("--set", args.overrides), ("--checkpoint", args.checkpoint),
+                                      ("--threads", args.threads)) if v]
+        if given:
+            raise P.SweepError(f"--collect DIR reads what the sweep in DIR ran; it takes no {', '.join(given)}")
         result = S.collect(Path(args.collect), target=args.target)
         out = Path(args.collect)
     else:
@@ -192,19 +224,24 @@ def cmd_sweep(args) -> int:
                   + (f"; run the first {first} before the rest: they train the checkpoints" if first else ""))
             print(f"then: seamkit sweep --collect {args.out}")
             return 0
-        result = S.run(plan, args.out, jobs=args.jobs)
+        try:
+            result = S.run(plan, args.out, jobs=args.jobs)
+        except S.Terminated:
+            print("seamkit sweep: terminated (SIGTERM); its points are stopped and recorded as interrupted",
+                  file=sys.stderr)
+            return 143  # 128 + SIGTERM: what a shell reports for a process SIGTERM ended
         out = Path(args.out)
     print(sweep_table(result))
     for line in failures(result):
         print(f"failed: {line}")
     c = result["counts"]
-    print(f"{c['complete']} complete, {c['failed']} failed, {c['pending']} pending; "
+    print(f"{c['complete']} complete, {c['failed']} failed, {c['interrupted']} interrupted, {c['pending']} pending; "
           f"{out / 'sweep.json'}, {out / 'sweep.csv'}, {out / 'figures'}/")
     return 0 if result["status"] == "complete" else 1
 
 
 def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="seamkit", description=__doc__.splitlines()[0])
+    ap = C.OneLineParser(prog="seamkit", description=__doc__.splitlines()[0])  # errors in one line
     sub = ap.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("info", help="config, parameter counts and the traffic bytes block")

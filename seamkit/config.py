@@ -3,13 +3,18 @@
 Presets derive from each other (torchtitan style): `seed` is the reference run of
 the reference seams report (docs/reference.md), `cpu` the default for a 2-core machine, `tiny` the
 one the tests use. `override` is the single way to change a config, shared by the CLI,
-papermill parameters and the widgets; it rejects unknown keys and wrong types.
+papermill parameters and the widgets; it rejects unknown keys and wrong types. Every numeric
+field declares its range where it is declared (`ranged`); one validator (`check_fields`) holds
+each section to them, floats to finite values, so nan or inf never reaches a run.
 """
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
+import functools
 import json
+import math
 import typing
 from dataclasses import dataclass, field
 
@@ -29,123 +34,156 @@ class ConfigError(SeamkitError, ValueError):
     """A config a user can fix."""
 
 
-def _positive(owner: str, **values) -> None:
-    for name, v in values.items():
-        if v is None or v <= 0:
-            raise ConfigError(f"{owner}.{name} must be positive, got {v!r}")
+@dataclass(frozen=True)
+class Range:
+    """The values a numeric field may take: bounds that are None are open-ended."""
+    gt: float | None = None
+    ge: float | None = None
+    lt: float | None = None
+    le: float | None = None
+
+    def __contains__(self, v) -> bool:
+        return ((self.gt is None or v > self.gt) and (self.ge is None or v >= self.ge)
+                and (self.lt is None or v < self.lt) and (self.le is None or v <= self.le))
+
+    def __str__(self) -> str:
+        lo = f"({self.gt:g}" if self.gt is not None else f"[{self.ge:g}" if self.ge is not None else None
+        hi = f"{self.lt:g})" if self.lt is not None else f"{self.le:g}]" if self.le is not None else None
+        if lo and hi:
+            return f"in {lo}, {hi}"
+        if lo:
+            return f"{'>' if lo[0] == '(' else '>='} {lo[1:]}"
+        if hi:
+            return f"{'<' if hi[-1] == ')' else '<='} {hi[:-1]}"
+        return ""
+
+
+def ranged(default, **bounds):
+    """A numeric field's default and its Range, checked by `check_fields` in every __post_init__."""
+    return field(default=default, metadata={"range": Range(**bounds)})
+
+
+@functools.cache
+def _hints(cls) -> dict:
+    return typing.get_type_hints(cls)
+
+
+def check_fields(section, owner: str) -> None:
+    """Every numeric field of a config section: the right type, finite if a float, inside its Range.
+
+    One validator reads the rule declared with each field, so a field cannot be checked in one
+    place and forgotten in another; nan and inf never reach the optimizer, the loop or a report.
+    """
+    hints = _hints(type(section))
+    for f in dataclasses.fields(section):
+        typ, v, key = hints[f.name], getattr(section, f.name), f"{owner}.{f.name}"
+        if typ not in (int, float):
+            continue
+        if isinstance(v, bool) or not isinstance(v, int if typ is int else (int, float)):
+            raise ConfigError(f"{key} expects {'an int' if typ is int else 'a float'}, got {v!r}")
+        rule = f.metadata.get("range", Range())
+        if (typ is float and not math.isfinite(v)) or v not in rule:
+            want = " ".join(filter(None, ["a finite number" if typ is float else "", str(rule)]))
+            raise ConfigError(f"{key}={v!r} is out of range: must be {want}")
 
 
 @dataclass
 class ModelConfig:
-    vocab: int = 151936  # rows of the embedding and the LM head
-    dim: int = 512  # residual width
-    n_blocks: int = 16  # transformer blocks; seams cut between them
-    n_heads: int = 8  # attention heads; dim must divide evenly
-    seq: int = 512  # tokens per training row
-    mlp_mult: int = 4  # MLP hidden width is mlp_mult * dim
-    rope_base: float = 10000.0  # RoPE frequency base
-    norm_eps: float = 1e-6  # RMSNorm epsilon
-    dropout: float = 0.0  # attention/residual dropout; exact pruning refuses > 0
+    vocab: int = ranged(151936, gt=0)  # rows of the embedding and the LM head
+    dim: int = ranged(512, gt=0)  # residual width
+    n_blocks: int = ranged(16, gt=0)  # transformer blocks; seams cut between them
+    n_heads: int = ranged(8, gt=0)  # attention heads; dim must divide evenly
+    seq: int = ranged(512, gt=0)  # tokens per training row
+    mlp_mult: int = ranged(4, gt=0)  # MLP hidden width is mlp_mult * dim
+    rope_base: float = ranged(10000.0, gt=0)  # RoPE frequency base
+    norm_eps: float = ranged(1e-6, gt=0)  # RMSNorm epsilon
+    dropout: float = ranged(0.0, ge=0, lt=1)  # attention/residual dropout; exact pruning refuses > 0
 
     def __post_init__(self):
-        _positive("model", vocab=self.vocab, dim=self.dim, n_blocks=self.n_blocks,
-                  n_heads=self.n_heads, seq=self.seq, mlp_mult=self.mlp_mult)
+        check_fields(self, "model")
         if self.dim % self.n_heads:
             raise ConfigError(f"model.dim={self.dim} is not divisible by model.n_heads={self.n_heads}")
         if (self.dim // self.n_heads) % 2:
             raise ConfigError(f"model head size dim/n_heads={self.dim // self.n_heads} must be even for RoPE")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ConfigError(f"model.dropout must be in [0, 1), got {self.dropout}")
 
 
 @dataclass
 class DataConfig:
     corpus: str = "wordnet"  # "wordnet" (shipped in data/) or a path to a .txt / .jsonl corpus
     tokenizer: str = "qwen"  # "qwen" (151,936 ids) or "bytes" (UTF-8 bytes + end-of-document + pad)
-    batch: int = 8  # rows per training step
-    window_positions: int = 4864  # max tokens in one packed window of held-out documents
+    batch: int = ranged(8, gt=0)  # rows per training step
+    window_positions: int = ranged(4864, gt=0)  # max tokens in one packed window of held-out documents
     cache_dir: str = ".cache/seamkit"  # tokenized corpora are cached here
 
     def __post_init__(self):
+        check_fields(self, "data")
         if self.tokenizer not in TOKENIZERS:
             raise ConfigError(f"data.tokenizer must be one of {TOKENIZERS}, got {self.tokenizer!r}")
-        _positive("data", batch=self.batch, window_positions=self.window_positions)
 
 
 @dataclass
 class TrainConfig:
-    budget_seconds: float = 3600.0  # wall-clock training budget per arm (evaluation excluded)
-    max_steps: int = 0  # stop after this many steps as well; 0: only the budget stops
-    lr: float = 3e-4  # AdamW peak learning rate
-    min_lr_frac: float = 0.1  # cosine decay floor, as a fraction of lr
-    warmup_steps: int = 100  # linear warm-up
-    decay_steps: int = 20000  # length of the cosine decay after warm-up (step-based, same for both arms)
-    weight_decay: float = 0.1  # AdamW decoupled weight decay
-    beta1: float = 0.9
-    beta2: float = 0.95
-    grad_clip: float = 1.0  # global-norm clip; 0 disables
-    seed: int = 0  # weights, data order and random loss masks
+    budget_seconds: float = ranged(3600.0, ge=0)  # wall-clock training budget per arm (evaluation excluded); 0: none
+    max_steps: int = ranged(0, ge=0)  # stop after this many steps as well; 0: only the budget stops
+    lr: float = ranged(3e-4, gt=0)  # AdamW peak learning rate
+    min_lr_frac: float = ranged(0.1, ge=0, le=1)  # cosine decay floor, as a fraction of lr
+    warmup_steps: int = ranged(100, ge=0)  # linear warm-up
+    decay_steps: int = ranged(20000, ge=0)  # length of the cosine decay after warm-up (step-based, same for both arms)
+    weight_decay: float = ranged(0.1, ge=0)  # AdamW decoupled weight decay
+    beta1: float = ranged(0.9, ge=0, lt=1)  # AdamW first-moment decay
+    beta2: float = ranged(0.95, ge=0, lt=1)  # AdamW second-moment decay
+    grad_clip: float = ranged(1.0, ge=0)  # global-norm clip; 0 disables
+    seed: int = ranged(0, ge=0)  # weights, data order and random loss masks (numpy seeds are unsigned)
     device: str = "auto"  # "auto" (cuda if present), "cpu" or "cuda"
     dtype: str = "float32"  # parameter dtype on CPU; on CUDA float32 weights run under bf16 autocast
-    threads: int = 0  # torch threads; 0: cores left free by other processes at start (seamkit.threads), cores/S on stages
-    curve_points: int = 41  # training-loss points spread over the budget, the first at step 0
-    checkpoint_every_s: float = 0.0  # also checkpoint during training every this many seconds; 0: only at the end
+    threads: int = ranged(0, ge=0)  # torch threads; 0: cores other processes leave free (seamkit.threads), cores/S on stages
+    curve_points: int = ranged(41, ge=2)  # training-loss points spread over the budget, the first at step 0
+    checkpoint_every_s: float = ranged(0.0, ge=0)  # also checkpoint every this many training seconds; 0: only at the end
     lr_schedule: str = "budget"  # "budget": warm-up and cosine follow the share of the budget spent; "steps": by step
-    warmup_frac: float = 0.02  # budget schedule: warm-up share of the run (from the floor to the peak)
-    eval_tokens: int = 32768  # held-out tokens of every evaluation: whole batches (at least one), the val split if smaller
+    warmup_frac: float = ranged(0.02, ge=0, lt=1)  # budget schedule: warm-up share of the run (floor to peak)
+    eval_tokens: int = ranged(32768, gt=0)  # held-out tokens per evaluation: whole batches (at least one), val split if smaller
     compile: bool = False  # torch.compile each block for training (seamkit.accel); meant for CUDA
 
     def __post_init__(self):
-        if self.budget_seconds <= 0 and self.max_steps <= 0:
+        check_fields(self, "train")
+        if self.budget_seconds == 0 and self.max_steps == 0:
             raise ConfigError("train.budget_seconds or train.max_steps must be positive")
-        if self.max_steps < 0:
-            raise ConfigError(f"train.max_steps must be >= 0, got {self.max_steps}")
-        _positive("train", lr=self.lr, eval_tokens=self.eval_tokens)
-        if self.curve_points < 2:
-            raise ConfigError(f"train.curve_points must be >= 2, got {self.curve_points}")
         if self.device not in ("auto", "cpu", "cuda"):
             raise ConfigError(f"train.device must be auto, cpu or cuda, got {self.device!r}")
         if self.dtype not in DTYPES:
             raise ConfigError(f"train.dtype must be one of {DTYPES}, got {self.dtype!r}")
-        if self.warmup_steps < 0 or self.decay_steps < 0:
-            raise ConfigError("train.warmup_steps and train.decay_steps must be >= 0")
         if self.lr_schedule not in LR_SCHEDULES:
             raise ConfigError(f"train.lr_schedule must be one of {LR_SCHEDULES}, got {self.lr_schedule!r}")
-        if not 0.0 <= self.warmup_frac < 1.0:
-            raise ConfigError(f"train.warmup_frac must be in [0, 1), got {self.warmup_frac}")
 
 
 @dataclass
 class SeamsConfig:
     seams: str = "all"  # "all" (after every block but the last), a count "3", or block indices "1,3,5"
     objective: str = "aux_head"  # local objective: aux_head, detached_head or shared_head
-    aux_classes: int = 8192  # aux_head: K most frequent training tokens (+1 "other"), capped at vocab
-    stages: int = 0  # >0: run as real pipeline stages on torch.distributed (seamkit.seams.pipeline)
+    aux_classes: int = ranged(8192, gt=0)  # aux_head: K most frequent training tokens (+1 "other"), capped at vocab
+    stages: int = ranged(0, ge=0)  # >0: run as real pipeline stages on torch.distributed (seamkit.seams.pipeline)
     order: str = "interleaved"  # "interleaved": the arms take turns in slices; "sequential": e2e, then local
-    slice_seconds: float = 2.0  # interleaved: training seconds an arm runs before the other takes its turn
-    repeats: int = 1  # seeds train.seed, train.seed+1, ...; both arms share each seed (paired)
-    token_marks: int = 3  # held-out loss of both arms at this many equal token counts
-    micro_batches: int = 0  # e2e pipeline micro-batches; 0: the schedule's default (seamkit.seams.pipeline.plan)
+    slice_seconds: float = ranged(2.0, gt=0)  # interleaved: training seconds an arm runs before the other's turn
+    repeats: int = ranged(1, gt=0)  # seeds train.seed, train.seed+1, ...; both arms share each seed (paired)
+    token_marks: int = ranged(3, gt=0)  # held-out loss of both arms at this many equal token counts
+    micro_batches: int = ranged(0, ge=0)  # e2e pipeline micro-batches; 0: the schedule's default (seams.pipeline.plan)
     pipeline_schedule: str = "auto"  # e2e schedule on real stages (torch.distributed.pipelining); auto: bench/dist.py's fastest
 
     def __post_init__(self):
+        check_fields(self, "seams")
         if self.objective not in OBJECTIVES:
             raise ConfigError(f"seams.objective must be one of {OBJECTIVES}, got {self.objective!r}")
         if self.order not in ORDERS:
             raise ConfigError(f"seams.order must be one of {ORDERS}, got {self.order!r}")
-        _positive("seams", slice_seconds=self.slice_seconds, repeats=self.repeats, token_marks=self.token_marks)
-        _positive("seams", aux_classes=self.aux_classes)
-        if self.stages < 0 or self.micro_batches < 0:
-            raise ConfigError("seams.stages and seams.micro_batches must be >= 0")
         if self.pipeline_schedule not in PIPELINE_SCHEDULES + ("auto",):
             raise ConfigError(f"seams.pipeline_schedule must be auto or one of {PIPELINE_SCHEDULES}, got {self.pipeline_schedule!r}")
 
 
 @dataclass
 class PruneConfig:
-    windows: int = 4  # held-out windows to check and time
-    samples: int = 3  # timed samples per window and mode, after warm-up
-    warmup: int = 1  # untimed steps per window and mode before sampling
+    windows: int = ranged(4, gt=0)  # held-out windows to check and time
+    samples: int = ranged(3, gt=0)  # timed samples per window and mode, after warm-up
+    warmup: int = ranged(1, ge=0)  # untimed steps per window and mode before sampling
     policy: str = "completion"  # loss policy: all, completion or random:<p>
     split: str = "test"  # held-out split the windows come from
     dtype: str = "float32"  # float32 or float64 (the 1e-12 check)
@@ -153,9 +191,7 @@ class PruneConfig:
     exact: str = "arithmetic"  # arithmetic: pruned on every op (float64 within 1e-12); bitwise: CPU bits, slower
 
     def __post_init__(self):
-        _positive("prune", windows=self.windows, samples=self.samples)
-        if self.warmup < 0:
-            raise ConfigError(f"prune.warmup must be >= 0, got {self.warmup}")
+        check_fields(self, "prune")
         check_policy(self.policy)
         if self.split not in ("train", "val", "test"):
             raise ConfigError(f"prune.split must be train, val or test, got {self.split!r}")
@@ -343,6 +379,18 @@ def parse_overrides(pairs: list[str]) -> dict:
         k, v = p.split("=", 1)
         out[k.strip()] = v.strip()
     return out
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """An argument parser whose errors are one line, as a ConfigError is: `PROG: error: MESSAGE`, exit 2.
+
+    argparse prints the whole usage block above the error; every seamkit command line reports a
+    bad flag the way it reports a bad --set value. Subparsers inherit the class (`add_subparsers`
+    builds them with the parent's type), so each subcommand names itself in PROG.
+    """
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {' '.join(message.split())}\n")
 
 
 # Keys an earlier seamkit wrote into checkpoints and reports: renamed keys move to their new name,

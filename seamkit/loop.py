@@ -33,9 +33,7 @@ import torch
 from seamkit.config import RunConfig, TrainConfig
 from seamkit.data.rows import RowLoader, eval_batches
 from seamkit.model import GPT, lm_loss
-from seamkit.optim import (
-    scheduled_lr,
-)
+from seamkit.optim import clock_sets_lr, scheduled_lr
 
 PROGRESS_EVERY_S = 0.25  # progress events at most this often (training time)
 
@@ -123,10 +121,17 @@ class BudgetLoop:
     training second it starts at and its LR; `stepped(...)` records a finished step (curve points
     at their marks, progress, periodic checkpoints through `save`, `after_step` off the clock);
     `fail(step)` and `interrupt()` end it; `finish()` fills the last marks and returns the run:
-    status, steps, elapsed_s, max_step_s, failed_step, lr_final, points and `resume`, the plain
-    loop state that `resume=` takes to continue where it was (steps, training seconds, so the clock
-    and the schedule go on from there, curve points and marks). `emit=None`: no events (a rank
-    that does not hold the loss curve).
+    status, steps, elapsed_s, max_step_s, failed_step, lr_final, points, wall_clock_dependent and
+    `resume`, the plain loop state that `resume=` takes to continue where it was (steps, training
+    seconds, so the clock and the schedule go on from there, curve points and marks). `emit=None`:
+    no events (a rank that does not hold the loss curve).
+
+    Step 0 starts at second 0 on every run: what the loop does before it (a gate, the first
+    budget check) cannot reach the schedule. Past
+    step 0 the clock reaches the training state only where it sets a step's LR (the budget
+    schedule's progress by time ahead of its progress by steps) or ends the run before
+    max_steps; either sets `wall_clock_dependent`, and the same command then ends on other
+    weights (another checkpoint id) by design. Otherwise the run is a function of its config.
     """
 
     def __init__(self, tc: TrainConfig, tokens_per_step: int, clock: Clock,
@@ -137,10 +142,11 @@ class BudgetLoop:
         self.budget = tc.budget_seconds if tc.budget_seconds > 0 else math.inf
         self.marks = CurveMarks(tc.curve_points, self.budget, tc.max_steps)
         self.run = {"status": "complete", "steps": 0, "elapsed_s": 0.0, "max_step_s": 0.0, "failed_step": None,
-                    "points": [], "lr_final": None}
+                    "points": [], "lr_final": None, "wall_clock_dependent": False}
         self.last, self.next_progress, self.next_save = None, 0.0, tc.checkpoint_every_s
         if resume is not None:  # continue: the points so far, each mark already passed, the clock from its seconds
             self.run.update({k: resume[k] for k in ("steps", "elapsed_s", "max_step_s", "lr_final")})
+            self.run["wall_clock_dependent"] = bool(resume.get("wall_clock_dependent", True))  # unknown: say so
             self.last, self.marks.j = resume["last"], resume["marks_j"]
             self.run["points"] = resume["points"][:resume["n_points"]]
             self.run["points"] += [self.last] * (self.marks.j - len(self.run["points"]))  # marks of the last step
@@ -154,11 +160,22 @@ class BudgetLoop:
     def spent(self, steps: int | None = None) -> bool:
         """The budget or max_steps is used up (after `steps` steps; default: the steps done)."""
         steps = self.run["steps"] if steps is None else steps
-        return self.clock.elapsed() >= self.budget or bool(self.tc.max_steps and steps >= self.tc.max_steps)
+        if self.tc.max_steps and steps >= self.tc.max_steps:
+            return True
+        if self.clock.elapsed() >= self.budget:
+            self.run["wall_clock_dependent"] = True  # the clock, not max_steps, ends the run
+            return True
+        return False
 
     def begin(self) -> tuple[int, float, float]:
         """(step, training second it starts at, its LR)."""
-        step, t0 = self.run["steps"], self.clock.elapsed()
+        step = self.run["steps"]
+        # step 0 starts the run at second 0: what came before it on the clock (the first budget
+        # check; on a pipeline rank, the wait for rank 0's first word) reaches neither its LR nor
+        # the curve, while the clock itself keeps counting it
+        t0 = 0.0 if step == 0 else self.clock.elapsed()
+        if clock_sets_lr(step, t0, self.tc):
+            self.run["wall_clock_dependent"] = True
         return step, t0, scheduled_lr(step, t0, self.tc)
 
     def fail(self, step: int) -> None:
@@ -171,7 +188,7 @@ class BudgetLoop:
         run = self.run
         return {"steps": run["steps"], "elapsed_s": run["elapsed_s"], "max_step_s": run["max_step_s"],
                 "lr_final": run["lr_final"], "points": list(run["points"]), "n_points": len(run["points"]),
-                "marks_j": self.marks.j, "last": self.last}
+                "marks_j": self.marks.j, "last": self.last, "wall_clock_dependent": run["wall_clock_dependent"]}
 
     def _point(self, p: dict) -> None:
         self.run["points"].append(p)

@@ -72,6 +72,16 @@ def schedule_progress(step: int, elapsed_s: float, tc: TrainConfig) -> float:
     return min(1.0, max(by_time, by_steps))
 
 
+def clock_sets_lr(step: int, elapsed_s: float, tc: TrainConfig) -> bool:
+    """Whether the training clock, not the step count, sets this step's LR: the budget schedule
+    with its progress by time ahead of its progress by steps (before the floor at p = 1)."""
+    if tc.lr_schedule != "budget" or tc.budget_seconds <= 0:
+        return False
+    by_time = elapsed_s / tc.budget_seconds
+    by_steps = step / tc.max_steps if tc.max_steps > 0 else 0.0
+    return by_time > by_steps and by_steps < 1.0
+
+
 def scheduled_lr(step: int, elapsed_s: float, tc: TrainConfig) -> float:
     """The LR of `step`, which starts `elapsed_s` training seconds into the run, under `tc.lr_schedule`."""
     if tc.lr_schedule == "steps":

@@ -10,6 +10,7 @@ either. Provenance (config, versions, git commit, machine) rides along in every 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import math
 import os
@@ -131,16 +132,26 @@ def _json_default(o):
     raise TypeError(f"not JSON serializable: {type(o).__name__}")
 
 
+def temp_prefix(path: Path) -> str:
+    """How an atomic write's temporary file for `path` is named: `.<name>.<pid>@<host>.`, so a
+    later run can tell the leftovers of a writer that is gone (`checkpoint.remove_stale_temporaries`)."""
+    host = "".join(c if c.isalnum() or c == "-" else "-" for c in platform.node()) or "-"
+    return f".{path.name}.{os.getpid()}@{host}."
+
+
 @contextlib.contextmanager
 def atomic_file(path, mode: str = "w"):
     """Open a temporary file beside `path`; on success fsync and rename it over `path`.
 
-    Readers never see half a file, and an exception (Ctrl-C included) leaves `path` as it was.
+    Readers never see half a file, and an exception (Ctrl-C included) leaves `path` as it was:
+    the temporary file goes, and so do the folders this write created, if nothing else went in.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    made = list(itertools.takewhile(lambda d: not d.exists(), [path.parent, *path.parent.parents]))
+    tmp = None
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=temp_prefix(path), suffix=".tmp", dir=path.parent)
         with os.fdopen(fd, mode) as f:
             yield f
             f.flush()
@@ -150,7 +161,13 @@ def atomic_file(path, mode: str = "w"):
         os.chmod(tmp, 0o666 & ~mask)  # mkstemp makes 0600; give the file the permissions open() would
         os.replace(tmp, path)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
+        for d in made:  # deepest first; a folder another writer filled meanwhile stays
+            try:
+                d.rmdir()
+            except OSError:
+                break
         raise
 
 
@@ -159,13 +176,45 @@ def atomic_write_text(path, text: str) -> None:
         f.write(text)
 
 
+def _nonfinite(obj, where: str = "") -> tuple[str, float] | None:
+    """The first float in `obj` (dicts, lists, one-element tensors) that is nan or infinite, as
+    (key path, value), or None. The key path reads like `check`'s: `arms.e2e.loss_curve[3]`."""
+    if isinstance(obj, torch.Tensor) and obj.numel() == 1:
+        obj = obj.item()
+    if isinstance(obj, float):
+        return None if math.isfinite(obj) else (where or "(top level)", obj)
+    if isinstance(obj, dict):
+        items = ((f"{where}.{k}" if where else str(k), v) for k, v in obj.items())
+    elif isinstance(obj, (list, tuple)):
+        items = ((f"{where}[{i}]", v) for i, v in enumerate(obj))
+    else:
+        return None
+    for name, v in items:
+        found = _nonfinite(v, name)
+        if found:
+            return found
+    return None
+
+
+def json_text(obj, path) -> str:
+    """`obj` as strict JSON text for file `path`: a nan or infinity (JSON has neither) is a
+    ReportError naming the file and the key, raised before any byte is written."""
+    found = _nonfinite(obj)
+    if found:
+        raise ReportError(f"not writing {path}: {found[0]} is {found[1]}, not a finite number (JSON has no nan or inf)")
+    return json.dumps(obj, indent=2, default=_json_default, allow_nan=False) + "\n"
+
+
 def write_json(path, obj) -> None:
-    atomic_write_text(path, json.dumps(obj, indent=2, default=_json_default, allow_nan=False) + "\n")
+    atomic_write_text(path, json_text(obj, path))
 
 
 def write_report(path, report: dict, kind: str | None = None) -> Path:
     """Validate, then write atomically. An invalid report is never written."""
-    validate(report, kind)
+    try:
+        validate(report, kind)
+    except ReportError as e:
+        raise ReportError(f"not writing {path}: {e}") from None
     write_json(path, report)
     return Path(path)
 

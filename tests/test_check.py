@@ -207,6 +207,28 @@ def test_report_has_the_reference_shape(report):
     assert all(v["bitwise"] for r in rep["rules"] for v in r.values() if isinstance(v, dict))
 
 
+def test_bitwise_mode_that_does_not_hold_is_said(report, ckpt_path, tmp_path, monkeypatch):
+    """Bitwise mode's promise is prune_exact equal to base bit for bit; where a window breaks it
+    (planted: prune_exact runs the float32 arithmetic step, which rounds differently), the report
+    says it did not hold, whatever the reference."""
+    assert report[0]["bitwise_mode_held"] is True and "bitwise mode held" in study.summary_table(report[0])
+    real = study.mode_loss
+
+    def arithmetic_on_window_1(mode, window, exact="arithmetic", ran=None):
+        return real(mode, window, "arithmetic" if window.positions == ws[1].positions else exact, ran)
+
+    ws = [WINDOWS["tails"](), WINDOWS["completion"]()]
+    monkeypatch.setattr(study, "mode_loss", arithmetic_on_window_1)
+    rep = study.prune_check(tiny_cfg(**{"prune.exact": "bitwise", "prune.samples": 1}), ckpt_path,
+                            tmp_path / "r.json", windows=ws, progress=False)
+    assert rep["bitwise_mode_held"] is False and rep["bitwise"] is False
+    assert "bitwise mode did NOT hold on this CPU: prune_exact differs from base on window(s) [1]" in \
+        study.summary_table(rep)
+    arithmetic = study.prune_check(tiny_cfg(**{"prune.samples": 1}), ckpt_path, tmp_path / "a.json",
+                                   windows=ws[:1], progress=False)
+    assert arithmetic["bitwise_mode_held"] is None  # arithmetic mode promises no bits
+
+
 def test_window_without_targets_is_skipped_and_counted(report, ckpt_path, tmp_path):
     rep, _ = report
     assert rep["windows_skipped"] == 1 and rep["skipped_windows"][0]["window"] == 1
@@ -264,12 +286,29 @@ def test_arithmetic_float64_study(ckpt_path, tmp_path):
     assert f["base"] - f["prune_exact"] >= f["plan_base"] - f["plan_pruned"] > 0
 
 
-def test_compiled_reference(ckpt_path, tmp_path):
-    """The compiles of this file: a tiny window against torch.compile of the unpruned step."""
+def test_compiled_reference(ckpt_path, tmp_path, monkeypatch):
+    """The compiles of this file: a tiny window against torch.compile of the unpruned step.
+
+    The reference step must run what torch.compile returned: each compiled callable is wrapped
+    and its calls recorded, so a reference that says compiled but runs the eager step fails."""
+    real_compile, ran = torch.compile, []
+
+    def recorded(fn, backend="inductor", **kwargs):
+        compiled = real_compile(fn, backend=backend, **kwargs)
+
+        def run(*args, **kw):
+            ran.append(backend)
+            return compiled(*args, **kw)
+        return run
+
+    monkeypatch.setattr(torch, "compile", recorded)
     cfg = tiny_cfg(**{"prune.reference": "inductor", "prune.samples": 1, "prune.exact": "bitwise"})
     w = WINDOWS["random"]()
     rep = study.prune_check(cfg, ckpt_path, tmp_path / "p.json", windows=[w], progress=False)
     assert rep["reference"].startswith("torch.compile"), rep["reference"]
+    assert rep["reference_kind"] == "inductor"
+    assert ran == ["inductor", "aot_eager"]  # one window: the reference and its control, each compiled
+    assert rep["bitwise_mode_held"] is True
     base, pruned = rep["checks"]
     # prune_exact equals base bit for bit, so both sit at the same distance from the reference
     assert {k: base[k] for k in ("loss_delta", "gradient_max", "parameter_update_max", "optimizer_state_max")} == \

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from seamkit import config
+from seamkit.cli import main as cli_main
 from seamkit.data import documents
 from seamkit.data.corpus import Corpus
 from seamkit.data.documents import SPLITS, load_documents, split_documents
@@ -138,14 +139,116 @@ def test_load_txt_and_jsonl(tmp_path):
     assert load_documents(str(tmp_path / "a.jsonl.gz")) == expect
 
 
+# Every format a corpus file can have (documents.corpus_kind), and every way its reader can fail:
+# FAULTS[kind] maps a fault to the bytes of a broken file of that kind, made from a good one.
+FORMATS = ("txt", "txt.gz", "jsonl", "jsonl.gz", "parquet")
+
+
+def good_bytes(kind: str, docs: list[str]) -> bytes:
+    """A corpus file of `kind` holding `docs`."""
+    import io
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    if kind == "parquet":
+        buf = io.BytesIO()
+        pq.write_table(pa.table({"text": docs}), buf)
+        return buf.getvalue()
+    text = ("\n\n".join(docs) + "\n" if kind.startswith("txt")
+            else "".join(json.dumps({"text": d}) + "\n" for d in docs))
+    return gzip.compress(text.encode()) if kind.endswith(".gz") else text.encode()
+
+
+def _parquet(table) -> bytes:
+    import io
+
+    import pyarrow.parquet as pq
+    buf = io.BytesIO()
+    pq.write_table(table, buf)
+    return buf.getvalue()
+
+
+def _faults(kind: str) -> dict[str, bytes]:
+    import pyarrow as pa
+    docs = lemma_docs(40)
+    good = good_bytes(kind, docs)
+    gz = kind.endswith(".gz")
+    plain = gzip.decompress(good) if gz else good
+    wrap = gzip.compress if gz else (lambda b: b)
+    out = {"empty file": b"", "not this format": bytes(range(256)) * 4}  # neither UTF-8, gzip nor parquet
+    if kind != "txt":  # a cut .txt is a shorter corpus, not a broken one
+        out["truncated"] = good[:len(good) // 2] if kind != "jsonl" else good[:-5]
+    if gz:
+        out["not gzipped"] = plain
+        out["no documents"] = gzip.compress(b"\n \n\n")
+    if kind == "parquet":
+        out["no documents"] = _parquet(pa.table({"text": pa.array([], pa.string())}))
+        out["no text column"] = _parquet(pa.table({"body": docs}))
+        out["text not a string column"] = _parquet(pa.table({"text": list(range(len(docs)))}))
+    else:
+        out["no documents"] = wrap(b"\n \n\n")
+        out["not UTF-8"] = wrap(plain[:50] + b"\xff\xfe" + plain[50:])
+    if kind.startswith("jsonl"):
+        lines = plain.splitlines(keepends=True)
+        out["a line that is not JSON"] = wrap(b"".join(lines[:3] + [b"{oops}\n"] + lines[3:]))
+        out["a line without text"] = wrap(b"".join(lines[:3] + [b'{"body": "b"}\n'] + lines[3:]))
+        out["text not a string"] = wrap(b"".join(lines[:3] + [b'{"text": 7}\n'] + lines[3:]))
+        out["a line that is a list"] = wrap(b"".join(lines[:3] + [b'["a"]\n'] + lines[3:]))
+    return out
+
+
+FAULTS = {kind: _faults(kind) for kind in FORMATS}
+BROKEN = [(kind, fault) for kind in FORMATS for fault in FAULTS[kind]]
+
+
+def broken_file(tmp_path, kind: str, fault: str):
+    path = tmp_path / f"corpus.{kind}"
+    path.write_bytes(FAULTS[kind][fault])
+    return path
+
+
+def one_line_error(err: str, command: str) -> str:
+    """The error line of a failed command, after checking stderr holds nothing else that counts:
+    no traceback and at most three lines (a progress bar that was cleared is not one)."""
+    lines = [line for line in err.replace("\r", "\n").splitlines() if line.strip()]
+    assert "Traceback" not in err and lines and len(err.strip().splitlines()) <= 3, err
+    assert lines[-1].startswith(f"seamkit {command}: error: "), err
+    return lines[-1]
+
+
+def test_every_format_reads(tmp_path):
+    """The good file of each format holds its documents: what FAULTS breaks is a working file."""
+    docs = lemma_docs(40)
+    for kind in FORMATS:
+        path = tmp_path / f"ok.{kind}"
+        path.write_bytes(good_bytes(kind, docs))
+        assert documents.corpus_kind(path) == kind.removesuffix(".gz")
+        assert load_documents(str(path)) == docs
+
+
+@pytest.mark.parametrize("kind, fault", BROKEN)
+def test_broken_corpus_file_is_one_line(tmp_path, kind, fault):
+    """Every format, broken every way its reader can fail: one DataError line naming the file."""
+    path = broken_file(tmp_path, kind, fault)
+    with pytest.raises(DataError) as e:
+        load_documents(str(path))
+    assert str(path) in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("kind, fault", BROKEN)
+def test_train_on_a_broken_corpus_file(tmp_path, kind, fault, capsys):
+    """`seamkit train --set data.corpus=FILE`: exit 2, one line naming the file, nothing written."""
+    path, out = broken_file(tmp_path, kind, fault), tmp_path / "run"
+    code = cli_main(["train", "--preset", "tiny", "--max-steps", "1", "--threads", "1", "--set",
+                     f"data.corpus={path}", "--set", f"data.cache_dir={tmp_path / 'cache'}", "--out", str(out)])
+    assert code == 2 and str(path) in one_line_error(capsys.readouterr().err, "train")
+    assert not out.exists()
+    assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").iterdir())
+
+
 @pytest.mark.parametrize("name, content, match", [
-    ("empty.txt", "\n \n\n", "no documents"),
-    ("empty.jsonl", "\n", "no documents"),
-    ("bad.jsonl", '{"text": "a"}\n{"text": "b"}\n{"text": oops}\n', "line 3 is not valid JSON"),
-    ("notext.jsonl", '{"text": "a"}\n{"body": "b"}\n', 'line 2 has no "text"'),
-    ("list.jsonl", '["a"]\n', 'line 1 has no "text"'),
-    ("bad.txt.gz", "not gzip at all", "cannot read"),
     ("corpus.csv", "a,b\n", "unknown corpus format"),
+    ("corpus.parquet.gz", "x", "unknown corpus format"),
     ("missing.txt", None, "no such corpus file"),
 ])
 def test_bad_corpus_names_the_file(tmp_path, name, content, match):

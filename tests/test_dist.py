@@ -2,16 +2,17 @@
 
 Process groups are slow to start on a small machine, so the runs are few and shared: one
 2-stage launch (both arms, 1f1b), one 3-stage run through torchrun, one e2e launch per
-multi-stage schedule, and one launch per planted fault.
+multi-stage schedule, one launch with a slow rank and bfloat16 on the wire, and one launch per
+planted fault.
 """
 
 import json
 import math
 import os
-import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -48,8 +49,20 @@ def tiny(**kw) -> C.RunConfig:
 def two(tmp_path_factory):
     d = tmp_path_factory.mktemp("dist2")
     cfg = tiny(**{"seams.pipeline_schedule": "1f1b", "seams.micro_batches": 2})
-    report = D.launch(cfg, d / "seams.json", 2, progress=False, save_state=str(d / "state"))
+    with pytest.MonkeyPatch.context() as mp:  # a temporary directory of its own: what the launch left there
+        mp.setattr(tempfile, "tempdir", str(_tmp(d)))
+        report = D.launch(cfg, d / "seams.json", 2, progress=False, save_state=str(d / "state"))
     return cfg, report, d
+
+
+def _tmp(d: Path) -> Path:
+    (d / "tmp").mkdir(exist_ok=True)
+    return d / "tmp"
+
+
+def _run_folders(tmp: Path) -> list[Path]:
+    """The launch's run folders (rendezvous files, logs) left in a temporary directory."""
+    return sorted(tmp.glob("seamkit-dist-*"))
 
 
 @pytest.fixture(scope="module")
@@ -139,6 +152,66 @@ def test_the_bytes_check_can_fail(two):
                                         for c in ranks[1]["traffic"]]}
     bad = measured_bytes("e2e", ranks, plan.crossings(), plan.owner, act, plan.micro_batches)
     assert not bad["agrees"] and not bad["sent_equals_received"]
+
+
+def test_a_complete_run_leaves_no_run_folder(two):
+    _, _, d = two
+    assert not list((d / "tmp").iterdir())
+
+
+@pytest.mark.parametrize("run", ["two", "three"])
+def test_control_messages_are_counted_under_their_own_kind(run, request):
+    """local: rank 0's command (one int64) crosses every seam before each step and once more to
+    stop, STEPS + 1 messages of 8 bytes, counted as control on both sides and nowhere else; e2e
+    sends none (its stop flag rides in the all_reduce)."""
+    _, report, _ = request.getfixturevalue(run)
+    S = report["stages"]
+    local = report["measured_bytes"]["local"]
+    assert [r["control_bytes"] for r in local["per_boundary"]] == [8 * (STEPS + 1)] * (S - 1)
+    assert local["control_bytes"] == 8 * (STEPS + 1) * (S - 1)
+    for r in report["per_rank"]["local"]:
+        rows = {c["direction"]: c for c in r["traffic"] if c["kind"] == "control"}
+        want = {d for d, holds in (("sent", r["rank"] < S - 1), ("received", r["rank"] > 0)) if holds}
+        assert set(rows) == want, r["traffic"]
+        for c in rows.values():
+            assert (c["messages"], c["bytes"]) == (STEPS + 1, 8 * (STEPS + 1))
+    assert report["measured_bytes"]["e2e"]["control_bytes"] == 0
+    assert not [c for r in report["per_rank"]["e2e"] for c in r["traffic"] if c["kind"] == "control"]
+
+
+@pytest.fixture(scope="module")
+def slow_bf16(tmp_path_factory):
+    """Both arms on 2 stages with rank 0 SLOW_S slower every step (a sleep inside its compute
+    timer) and bfloat16 on the wire: one launch for the timers and for bytes at 2 per value."""
+    d = tmp_path_factory.mktemp("dist_slow")
+    cfg = tiny(**{"seams.pipeline_schedule": "gpipe", "seams.micro_batches": 2})
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SEAMKIT_DIST_FAULT", "0:*:slow")
+        report = D.launch(cfg, d / "r.json", 2, progress=False, wire_dtype="bfloat16")
+    return cfg, report
+
+
+def test_bytes_are_counted_at_the_wire_dtype(slow_bf16):
+    """bfloat16 on the wire: every message the ranks counted (activations, gradients, held-out
+    batches) is 2 bytes a value, and the analytic bytes are those of 2 bytes a value too."""
+    cfg, report = slow_bf16
+    B, T, C_ = cfg.data.batch, cfg.model.seq, cfg.model.dim
+    M = report["micro_batches"]
+    assert report["wire_dtype"] == "bfloat16" and report["wire_bytes_per_value"] == 2
+    assert report["bytes"]["activation_bytes_per_seam"] == B * T * C_ * 2
+    values = {("e2e", "activation"): B // M * T * C_, ("e2e", "gradient"): B // M * T * C_,
+              ("local", "activation"): B * T * C_, ("e2e", "eval"): B * T * C_, ("local", "eval"): B * T * C_}
+    for arm in ("e2e", "local"):
+        m = report["measured_bytes"][arm]
+        assert m["agrees"] and m["sent_equals_received"]
+        assert m["per_step"] == m["analytic_per_step"] == (2 if arm == "e2e" else 1) * B * T * C_ * 2
+        seen = set()
+        for r in report["per_rank"][arm]:
+            for c in r["traffic"]:
+                if (arm, c["kind"]) in values:
+                    assert c["bytes"] == c["messages"] * values[(arm, c["kind"])] * 2, (arm, c)
+                    seen.add(c["kind"])
+        assert seen == {k for a, k in values if a == arm}
 
 
 def test_each_arm_runs_in_fresh_processes_and_reports_growth(two):
@@ -286,6 +359,50 @@ def test_plan_rules():
         C.override(cfg, {"seams.pipeline_schedule": "pipedream"})
 
 
+def test_named_seams_must_give_one_segment_per_stage():
+    """On S stages the local arm runs S segments: seams.seams=all (the default) spreads S-1
+    seams evenly; every count and every set of block indices that gives another number of
+    segments is refused in one line, never replaced by other cuts."""
+    from itertools import combinations
+
+    from seamkit.seams.cuts import parse_seams
+    cfg = C.tiny()
+    n = cfg.model.n_blocks
+    specs = [(str(k), parse_seams(str(k), n)) for k in range(n)]  # counts
+    specs += [("[" + ",".join(map(str, c)) + "]", list(c)) for k in range(n) for c in combinations(range(n - 1), k)]
+    for S in range(1, n + 1):
+        assert D.make_plan(C.override(cfg, {"seams.seams": "all"}), S).seams == parse_seams(str(S - 1), n)
+        for spec, seams in specs:
+            named = C.override(cfg, {"seams.seams": spec})
+            if len(seams) == S - 1:
+                assert D.make_plan(named, S).seams == seams, (S, spec)
+                continue
+            with pytest.raises(C.ConfigError, match=rf"into {len(seams) + 1} segments, but {S} stages") as e:
+                D.make_plan(named, S)
+            assert "\n" not in str(e.value)
+
+
+def test_refused_seams_leave_nothing_behind(tmp_path, monkeypatch, capsys):
+    """`--stages 2` with three segments named: exit 2, one line, no report, no run folder."""
+    from seamkit.seams.pipeline.launch import main
+    monkeypatch.setattr(tempfile, "tempdir", str(_tmp(tmp_path)))
+    out = tmp_path / "out" / "r.json"
+    rc = main(["--stages", "2", "--preset", "tiny", "--set", "seams.seams=1,2", "--out", str(out)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and "into 3 segments, but 2 stages" in err[0], err
+    assert list(tmp_path.iterdir()) == [tmp_path / "tmp"] and not list((tmp_path / "tmp").iterdir())
+
+
+def test_auto_schedule_ties_take_the_larger_stage_count(monkeypatch):
+    """resolve_schedule's rule on a hand-made table: the nearest measured stage count, and of
+    two equally near the larger. gpipe runs at every count, so no fallback hides the choice;
+    the entries differ in their micro-batches per stage."""
+    monkeypatch.setattr(D.plan, "FASTEST_ON_CPU", {2: ("gpipe", 5), 4: ("gpipe", 6), 8: ("gpipe", 7)})
+    got = {S: D.plan.resolve_schedule("auto", S, 8, 16) for S in range(2, 9)}
+    assert got == {2: ("gpipe", 5), 3: ("gpipe", 6), 4: ("gpipe", 6), 5: ("gpipe", 6), 6: ("gpipe", 7),
+                   7: ("gpipe", 7), 8: ("gpipe", 7)}
+
+
 def test_auto_schedule_is_the_fastest_the_bench_measured():
     """seams.pipeline_schedule=auto takes bench/results/dist.json's fastest e2e configuration at each
     stage count it measured, and falls back to 1f1b where that one cannot run."""
@@ -308,13 +425,16 @@ def test_cli_flags_reach_the_config():
 
 # ----------------------------------------------------------------------------- the bubble is timed
 
-def test_wait_timers_see_a_slow_neighbour(tmp_path, monkeypatch):
+def test_wait_timers_see_a_slow_neighbour(slow_bf16):
     """Rank 0 computes SLOW_S more every step (a planted sleep inside its compute timer): rank 1
-    must show it as wait in both arms. Remove a wait timer and its wait drops to ~0. Compute and
-    wait are timed apart, so they must also fit inside the elapsed time."""
-    monkeypatch.setenv("SEAMKIT_DIST_FAULT", "0:*:slow")
-    cfg = tiny(**{"seams.pipeline_schedule": "gpipe", "seams.micro_batches": 2})
-    report = D.launch(cfg, tmp_path / "r.json", 2, progress=False)
+    must show it as wait in both arms. Remove a wait timer and its wait drops to ~0.
+
+    Compute and wait must fit inside the elapsed time however busy the machine: both timers
+    and the training clock read time.perf_counter, a compute block never holds a wait, and all
+    three are read together when training ends (the held-out evaluation after it waits on the
+    wire too). Each block's length is then a difference of two readings within the clock's
+    span, so only float addition can take the sum past it: a few ulps, far below 1e-9."""
+    _, report = slow_bf16
     for arm in ("e2e", "local"):
         r0, r1 = report["per_rank"][arm]
         assert r0["compute_s"] >= STEPS * SLOW_S
@@ -322,7 +442,8 @@ def test_wait_timers_see_a_slow_neighbour(tmp_path, monkeypatch):
         # ticks apart on a busy machine; without the wait timers it is 0
         assert r1["wait_s"] >= 0.5 * STEPS * SLOW_S, (arm, r1)
         for r in (r0, r1):
-            assert r["compute_s"] + r["wait_s"] <= r["elapsed_s"] * 1.001 + 1e-3, (arm, r)
+            assert r["compute_s"] + r["wait_s"] <= r["elapsed_s"] * (1 + 1e-9), (arm, r)
+            assert r["other_s"] >= -1e-9 * r["elapsed_s"], (arm, r)
 
 
 # ----------------------------------------------------------------------------- faults
@@ -343,6 +464,28 @@ def test_nan_on_one_rank_fails_e2e_at_once_naming_it(tmp_path, monkeypatch):
     assert load_report(tmp_path / "r.json", "seams")["arms"]["e2e"]["failed_rank"] == 0
 
 
+@pytest.mark.parametrize("stages,schedule,spec,owner,culprit", [
+    (3, "gpipe", "1:1:nan:e2e", [0, 1, 2], 1),  # a middle stage: neither the first nor the loss's rank
+    (2, "zbv", "1:1:nan@1:e2e", [0, 1, 1, 0], 1),  # rank 1's second segment (virtual stage 2)
+])
+def test_nan_in_e2e_names_the_segment_it_first_showed_on(stages, schedule, spec, owner, culprit, tmp_path,
+                                                          monkeypatch):
+    """The NaN flows on to every later segment; the report names the rank of the first one it
+    showed on, found from one flag per virtual stage, and every rank stops at that step. Neither
+    the rank count nor the rank holding segment v (v placement: not v mod S) may stand in for it."""
+    monkeypatch.setenv("SEAMKIT_DIST_FAULT", spec)
+    monkeypatch.setattr(tempfile, "tempdir", str(_tmp(tmp_path)))
+    cfg = tiny(**{"train.max_steps": 0, "train.budget_seconds": 45.0, "seams.pipeline_schedule": schedule,
+                  "seams.micro_batches": 4})
+    report = D.launch(cfg, tmp_path / "r.json", stages, progress=False, arms=("e2e",))
+    assert report["pipeline_schedule"]["e2e_owner"] == owner
+    e2e = report["arms"]["e2e"]
+    assert report["status"] == "failed" and (e2e["failed_rank"], e2e["failed_step"], e2e["steps"]) == (culprit, 1, 1)
+    assert [r["failed_here"] for r in report["per_rank"]["e2e"]] == [r == culprit for r in range(stages)]
+    assert all(r["status"] == "failed" and r["steps"] == 1 for r in report["per_rank"]["e2e"])
+    assert not _run_folders(tmp_path / "tmp")  # a failed arm: the run folder goes too
+
+
 def test_nan_on_one_rank_fails_local_at_once_naming_it(tmp_path, monkeypatch):
     """The last of 3 local stages gets a NaN loss at step 2: rank 0 hears of it through the fault
     store and stops every stage; no rank waits for the budget or the timeout."""
@@ -361,6 +504,7 @@ def test_nan_on_one_rank_fails_local_at_once_naming_it(tmp_path, monkeypatch):
 
 def test_a_rank_that_raises_ends_the_run_with_a_report(tmp_path, monkeypatch):
     monkeypatch.setenv("SEAMKIT_DIST_FAULT", "1:2:raise:local")
+    monkeypatch.setattr(tempfile, "tempdir", str(_tmp(tmp_path)))
     cfg = tiny(**{"train.max_steps": 0, "train.budget_seconds": 300.0, "seams.pipeline_schedule": "gpipe"})
     t0 = time.monotonic()
     with pytest.raises(D.DistError, match=r"^rank 1 died: RuntimeError: planted fault at step 2 \(local, step 2\)"):
@@ -370,27 +514,29 @@ def test_a_rank_that_raises_ends_the_run_with_a_report(tmp_path, monkeypatch):
     local = report["arms"]["local"]
     assert report["status"] == "failed" and local["status"] == "failed"
     assert (local["failed_rank"], local["failed_step"]) == (1, 2) and "planted fault" in local["error"]
+    assert not _run_folders(tmp_path / "tmp")  # nobody asked for the logs: their folder is gone
 
 
 def test_killed_rank_ends_the_run_with_its_name(tmp_path, monkeypatch):
     monkeypatch.setenv("SEAMKIT_DIST_FAULT", "1:2:kill:e2e")  # rank 1 kills itself at step 2 of e2e
+    monkeypatch.setattr(tempfile, "tempdir", str(_tmp(tmp_path)))
     cfg = tiny(**{"train.max_steps": 0, "train.budget_seconds": 300.0})
     t0 = time.monotonic()
     with pytest.raises(D.DistError, match=r"^rank 1 died: killed by SIGKILL") as e:
-        D.launch(cfg, tmp_path / "r.json", 2, progress=False, timeout_s=60)
+        D.launch(cfg, tmp_path / "r.json", 2, progress=False, timeout_s=60, keep_logs=True)
     assert time.monotonic() - t0 < 60
     report = load_report(tmp_path / "r.json", "seams")
     assert report["arms"]["e2e"]["status"] == "failed" and report["arms"]["e2e"]["failed_rank"] == 1
-    logs = str(e.value).split("logs in ", 1)[1].split(")", 1)[0]  # kept for a user to read
-    assert (Path(logs) / "e2e-rank0.log").exists()
-    shutil.rmtree(logs)
+    logs = str(e.value).split("logs in ", 1)[1].split(")", 1)[0]  # kept, as asked, for a user to read
+    assert [Path(logs)] == _run_folders(tmp_path / "tmp") and (Path(logs) / "e2e-rank0.log").exists()
 
 
-def test_ctrl_c_writes_what_it_had(tmp_path):
-    out = tmp_path / "r.json"
+def _pipeline_at_its_first_step(tmp_path, out: Path, preexec=default_sigint):
+    """`python -m seamkit.seams.pipeline --stages 2` with its own temporary directory, once
+    rank 0 has reported a step; returns the process and what it printed so far (still filling)."""
     p = subprocess.Popen([sys.executable, "-m", "seamkit.seams.pipeline", "--stages", "2", "--preset", "tiny", "--threads", "1",
                           "--budget", "300", "--out", str(out)], cwd=ROOT, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, preexec_fn=default_sigint)
+                         stderr=subprocess.PIPE, preexec_fn=preexec, env={**os.environ, "TMPDIR": str(_tmp(tmp_path))})
     seen = bytearray()
 
     def read():
@@ -402,6 +548,12 @@ def test_ctrl_c_writes_what_it_had(tmp_path):
     while b"step " not in seen and time.monotonic() < deadline and p.poll() is None:
         time.sleep(0.1)
     assert b"step " in seen, seen.decode(errors="replace")[-2000:]
+    return p, seen
+
+
+def test_ctrl_c_writes_what_it_had(tmp_path):
+    out = tmp_path / "r.json"
+    p, seen = _pipeline_at_its_first_step(tmp_path, out)
     p.send_signal(signal.SIGINT)
     rc = p.wait(timeout=60)
     assert rc == 1, seen.decode(errors="replace")[-2000:]
@@ -410,6 +562,31 @@ def test_ctrl_c_writes_what_it_had(tmp_path):
     assert report["arms"]["e2e"]["status"] == "interrupted" and report["arms"]["e2e"]["steps"] > 0
     assert report["arms"]["local"]["status"] == "not_run"
     assert json.loads(out.read_text())["measured_bytes"]["e2e"]["agrees"]
+    assert not _run_folders(tmp_path / "tmp")
+
+
+def _default_signals() -> None:
+    default_sigint()
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads the process table from /proc")
+def test_sigterm_stops_the_ranks_and_removes_the_run_folder(tmp_path):
+    """A scheduler's SIGTERM at a time limit: the launcher stops its ranks, removes its run
+    folder and still ends by the signal."""
+    p, seen = _pipeline_at_its_first_step(tmp_path, tmp_path / "r.json", preexec=_default_signals)
+    ranks = [int(c) for c in Path(f"/proc/{p.pid}/task/{p.pid}/children").read_text().split()]
+    assert len(ranks) == 2, seen.decode(errors="replace")[-2000:]
+    p.send_signal(signal.SIGTERM)
+    assert p.wait(timeout=60) == -signal.SIGTERM, seen.decode(errors="replace")[-2000:]
+
+    def alive(pid: int) -> bool:  # a zombie nobody reaped has stopped
+        try:
+            return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+        except FileNotFoundError:
+            return False
+    assert not [r for r in ranks if alive(r)]
+    assert not _run_folders(tmp_path / "tmp")
 
 
 # ----------------------------------------------------------------------------- one report schema

@@ -1,5 +1,7 @@
-"""Fail fast: outputs are checked writable, and checkpoint overrides checked, before any work."""
+"""Fail fast: outputs are checked writable, and checkpoint overrides checked, before any work;
+JSON that would not be JSON is refused before a byte is written."""
 
+import math
 import subprocess
 import sys
 
@@ -70,3 +72,52 @@ def test_command_line_has_no_traceback(tmp_path):
                           "/proc/seamkit.json"], capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert out.returncode == 2 and "Traceback" not in out.stderr
     assert out.stderr.strip().startswith("seamkit seams: error: cannot write /proc/seamkit.json")
+
+
+# ----------------------------------------------------------------------------- JSON with a number that is not one
+
+NON_FINITE = [math.nan, math.inf, -math.inf]
+# (object with a non-finite number planted at PLACE, its key path): every container JSON writes
+PLACES = [
+    (lambda x: {"final_loss": x}, "final_loss"),
+    (lambda x: {"arms": {"e2e": {"loss_curve": [1.0, 2.0, x]}}}, "arms.e2e.loss_curve[2]"),
+    (lambda x: {"points": [{"ok": 1}, {"seconds": (0.5, x)}]}, "points[1].seconds[1]"),
+    (lambda x: {"val": torch.tensor(x)}, "val"),
+    (lambda x: [x], "[0]"),
+]
+
+
+@pytest.mark.parametrize("value", NON_FINITE)
+@pytest.mark.parametrize("make, where", PLACES, ids=[w for _, w in PLACES])
+def test_json_with_a_non_finite_number_is_refused_before_a_byte(make, where, value, tmp_path):
+    from seamkit.report import ReportError, write_json
+    path = tmp_path / "new" / "deeper" / "summary.json"
+    with pytest.raises(ReportError) as e:
+        write_json(path, make(value))
+    msg = str(e.value)
+    assert "\n" not in msg and str(path) in msg and f"{where} is {value}" in msg, msg
+    assert list(tmp_path.iterdir()) == []  # neither the file, a temporary, nor the folders it would have made
+
+    path.parent.mkdir(parents=True)
+    write_json(path, {"final_loss": 1.0})
+    before = path.read_bytes()
+    with pytest.raises(ReportError):
+        write_json(path, make(value))
+    assert path.read_bytes() == before and [p.name for p in path.parent.iterdir()] == ["summary.json"]
+
+
+def test_an_invalid_report_names_its_file(tmp_path):
+    from seamkit.report import ReportError, write_report
+    path = tmp_path / "reports" / "pruning.json"
+    with pytest.raises(ReportError, match=f"not writing {path}: pruning report: status: missing"):
+        write_report(path, {"checks": []})
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_failed_atomic_write_removes_the_folders_it_made(tmp_path):
+    from seamkit.report import atomic_file
+    (tmp_path / "kept").mkdir()
+    with pytest.raises(KeyboardInterrupt), atomic_file(tmp_path / "kept" / "a" / "b" / "x.pt", "wb") as f:
+        f.write(b"half")
+        raise KeyboardInterrupt
+    assert [p.name for p in tmp_path.iterdir()] == ["kept"] and list((tmp_path / "kept").iterdir()) == []

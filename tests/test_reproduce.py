@@ -59,7 +59,7 @@ def test_failing_notebook_is_one_line_and_keeps_reports(reproduced, tmp_path):
 def test_bad_override_fails_before_any_kernel(tmp_path, capsys):
     with pytest.raises(C.ConfigError, match="unknown config key 'model.wings'"):
         reproduce(preset="tiny", out_dir=tmp_path, overrides={"model.wings": 2}, echo=False)
-    assert main(["reproduce", "--preset", "tiny", "--out", str(tmp_path), "--set", "train.budget_seconds=-1",
+    assert main(["reproduce", "--preset", "tiny", "--out", str(tmp_path), "--set", "train.budget_seconds=0",
                  "--set", "train.max_steps=0"]) == 2
     err = capsys.readouterr().err.strip()
     assert err == "seamkit reproduce: error: train.budget_seconds or train.max_steps must be positive"

@@ -4,18 +4,28 @@
 import json
 import os
 import signal
+import subprocess
+import sys
+import time
 
 from seamkit import checkpoint, cli
 from seamkit import config as C
+from seamkit.report import temp_prefix
+from seamkit.seams import resume as R
 from seamkit.seams import study as S
 from seamkit.seams.arm import checkpoint_path
 from seamkit.seams.run import train_run
+from tests.conftest import ROOT
 
 STEPS = 12
+# Dropout draws from torch's RNG every step, so a resume that restored any RNG state other than
+# the checkpoint's ends on other weights (the data order has its own seeded generator).
+DROPOUT = "0.1"
 
 
 def steps_cfg(**kw):
-    return C.override(C.tiny(), {"train.max_steps": STEPS, "train.budget_seconds": 0.0, "train.threads": 1, **kw})
+    return C.override(C.tiny(), {"train.max_steps": STEPS, "train.budget_seconds": 0.0, "train.threads": 1,
+                                 "model.dropout": float(DROPOUT), **kw})
 
 
 def ctrl_c_at(step, arm=None, seed=None, signal_it=False):
@@ -94,7 +104,7 @@ def test_cli_seams_resume_continues_in_the_arms_processes(tmp_path, capsys):
     out = tmp_path / "part.json"
     S.seams_study(cfg, out, callback=ctrl_c_at(5, "local"), progress=False, isolate=False)
     argv = ["seams", "--preset", "tiny", "--max-steps", str(STEPS), "--budget", "0", "--threads", "1",
-            "--resume", str(out)]
+            "--set", f"model.dropout={DROPOUT}", "--resume", str(out)]
     assert cli.main(argv) == 0
     done = json.loads(out.read_text())
     local_steps = sum(s["steps"] for s in done["repeats"][0]["arms"]["local"]["slices_raw"])
@@ -106,7 +116,7 @@ def test_cli_seams_resume_continues_in_the_arms_processes(tmp_path, capsys):
 
 
 def test_unusable_resume_folders_are_one_line_errors(tmp_path, capsys):
-    base = ["--preset", "tiny", "--max-steps", "6", "--budget", "0"]
+    base = ["--preset", "tiny", "--max-steps", "6", "--budget", "0", "--set", f"model.dropout={DROPOUT}"]
 
     def fails(argv, *words):
         capsys.readouterr()
@@ -114,8 +124,13 @@ def test_unusable_resume_folders_are_one_line_errors(tmp_path, capsys):
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and all(w in err for w in words), err
 
-    fails(["train", *base, "--resume", str(tmp_path / "none")], "no checkpoint.pt")
-    fails(["seams", *base, "--resume", str(tmp_path / "none.json")], "no study")
+    fails(["train", *base, "--resume", str(tmp_path / "a" / "none")], "no checkpoint.pt")
+    fails(["seams", *base, "--resume", str(tmp_path / "b" / "none.json")], "no study")
+    assert list(tmp_path.iterdir()) == []  # a failed resume creates nothing: no folder, no checkpoints/
+    fails(["train", *base, "--set", "data.corpus=/nonexistent", "--out", str(tmp_path / "c" / "d")], "/nonexistent")
+    fails(["seams", *base, "--set", "data.corpus=/nonexistent", "--out", str(tmp_path / "e" / "s.json")],
+          "/nonexistent")
+    assert list(tmp_path.iterdir()) == []  # nor does a bad input found after the output folders were checked
     train_run(steps_cfg(**{"train.max_steps": 6}), tmp_path / "run", callback=ctrl_c_at(2), progress=False)
     fails(["train", *base, "--set", "model.dim=64", "--resume", str(tmp_path / "run")], "model.dim", "resume")
     fails(["train", *base, "--max-steps", "7", "--resume", str(tmp_path / "run")], "train.max_steps")
@@ -141,3 +156,115 @@ def test_checkpoints_hold_plain_resume_state_only(tmp_path):
 
 def test_seed_preset_checkpoints_every_few_minutes():
     assert 0 < C.seed().train.checkpoint_every_s <= 600
+
+
+def _dead_pid() -> int:
+    """The pid of a process that has exited (and been reaped)."""
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait()
+    return p.pid
+
+
+def _temp(path, pid, host=None) -> "os.PathLike":
+    """A temporary file of an atomic write of `path` by process `pid` (on this machine, or on `host`)."""
+    head = f".{path.name}."
+    here = temp_prefix(path)[len(head):].split("@", 1)[1]
+    tmp = path.parent / f"{head}{pid}@{host + '.' if host else here}k3x9q_2a.tmp"
+    tmp.write_bytes(b"partial")
+    return tmp
+
+
+def test_stale_temporaries_of_a_killed_writer_go_on_resume_and_start(tmp_path):
+    """A checkpoint writer SIGKILLed mid-write leaves its temporary; the run that resumes (or a
+    study that starts) removes it, and only it: a live writer's, another machine's and another
+    file's temporaries stay."""
+    run = tmp_path / "run"
+    train_run(steps_cfg(), run, callback=ctrl_c_at(3), progress=False)
+    writer = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time, torch\n"
+         "from seamkit import checkpoint\n"
+         "def save(obj, f):\n"
+         "    f.write(b'partial'); f.flush(); print('writing', flush=True); time.sleep(600)\n"
+         "torch.save = save\n"
+         "checkpoint.atomic_torch_save({'x': 1}, sys.argv[1])\n", str(run / "checkpoint.pt")],
+        cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    try:
+        assert writer.stdout.readline() == "writing\n"
+    finally:
+        writer.kill()
+        writer.wait()
+    killed = [p for p in run.iterdir() if p.name.endswith(".tmp")]
+    assert len(killed) == 1 and killed[0].name.startswith(f".checkpoint.pt.{writer.pid}@")
+    dead = _dead_pid()
+    stays = [_temp(run / "checkpoint.pt", os.getpid()), _temp(run / "checkpoint.pt", dead, host="elsewhere"),
+             _temp(run / "other.pt", dead)]
+    goes = killed + [_temp(run / "summary.json", dead)]
+    done = train_run(steps_cfg(), run, progress=False, resume=True)
+    assert done["status"] == "complete"
+    assert not any(p.exists() for p in goes) and all(p.exists() for p in stays)
+
+    out = tmp_path / "s.json"
+    cfg = steps_cfg(**{"train.max_steps": 2, "seams.repeats": 2})
+    (tmp_path / "checkpoints").mkdir()
+    owned = [out, R.study_state_path(out), checkpoint_path(out, "e2e", 1), checkpoint_path(out, "local", 0)]
+    goes = [_temp(p, dead) for p in owned]
+    stays = [_temp(checkpoint_path(tmp_path / "other.json", "e2e"), dead), _temp(checkpoint_path(out, "e2e"), os.getpid())]
+    assert S.seams_study(cfg, out, progress=False, isolate=False)["status"] == "complete"
+    assert not any(p.exists() for p in goes) and all(p.exists() for p in stays)
+
+
+def _seams_cli(out, *extra, **popen):
+    return subprocess.Popen([sys.executable, "-m", "seamkit", "seams", "--preset", "tiny", "--threads", "1",
+                             "--out", str(out), *extra], cwd=ROOT, start_new_session=True, **popen)
+
+
+def _kill_group(p) -> None:
+    if p.poll() is None:
+        os.killpg(p.pid, signal.SIGKILL)
+    p.wait()
+
+
+def _wait_for(what, p, timeout=120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not what():
+        assert p.poll() is None and time.monotonic() < deadline, "the command ended or stalled first"
+        time.sleep(0.02)
+
+
+def test_a_study_killed_before_any_checkpoint_resumes_from_the_start(tmp_path):
+    """SIGKILL to the whole `seamkit seams` process group (as an OOM kill or a lost machine) as soon
+    as it starts, before any arm checkpointed: --resume restarts every arm and ends the study."""
+    out = tmp_path / "s.json"
+    p = _seams_cli(out, "--max-steps", str(STEPS), "--budget", "0", "--set", f"model.dropout={DROPOUT}",
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    arm_started = checkpoint_path(out, "snapshots").with_suffix("")  # an arm's process makes it first thing
+    try:
+        _wait_for(lambda: R.study_state_path(out).exists() or arm_started.exists(), p)
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
+    finally:
+        _kill_group(p)
+    assert not list((tmp_path / "checkpoints").glob("*.pt"))  # killed before any arm checkpointed
+    seen, cb = first_steps()
+    done = S.seams_study(steps_cfg(), out, callback=cb, progress=False, isolate=False, resume=True)
+    assert done["status"] == "complete" and seen == {(0, "e2e"): 1, (0, "local"): 1}  # both from step 0
+    assert all(done["arms"][a]["steps"] == STEPS for a in ("e2e", "local"))
+
+
+def test_ctrl_c_stops_a_command_started_with_sigint_ignored(tmp_path):
+    """`seamkit seams` started as `cmd &` from a script inherits SIGINT ignored: a SIGINT to it
+    (the parent alone) still stops both arms between steps, with an interrupted report, within
+    a small part of their budget."""
+    out, err = tmp_path / "s.json", tmp_path / "err.txt"
+    with open(err, "w") as f:
+        p = _seams_cli(out, "--budget", "60", stdout=subprocess.DEVNULL, stderr=f,
+                       preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    try:
+        _wait_for(lambda: "e2e:" in err.read_text() or "local:" in err.read_text(), p)  # an arm's bar: it started
+        os.kill(p.pid, signal.SIGINT)
+        assert p.wait(timeout=40) == 130, err.read_text()[-2000:]  # 40 s of a 120 s run: it stopped
+    finally:
+        _kill_group(p)
+    report = json.loads(out.read_text())
+    assert report["status"] == "interrupted"
+    assert all(report["arms"][a]["elapsed_s"] < 30 for a in ("e2e", "local"))

@@ -99,6 +99,10 @@ def test_report_has_the_reference_shape_and_loads_back(tmp_path):
     rows = loaded["repeats"][0]["equal_tokens"]
     assert rows and rows[-1]["tokens"] <= loaded["repeats"][0]["slower_arm_tokens"]
     assert all(row["e2e"]["loss"] > 0 and row["local"]["stderr"] > 0 for row in rows)
+    assert all(row["gap_local_minus_e2e"] == row["local"]["loss"] - row["e2e"]["loss"] for row in rows)
+    assert loaded["aggregate"]["paired"]["equal_tokens_gap_local_minus_e2e"]["values"] == [
+        rows[-1]["gap_local_minus_e2e"]]
+    assert loaded["wall_clock_dependent"] is False and loaded["arms"]["e2e"]["wall_clock_dependent"] is False
     assert loaded["repeats"][0]["time_to_target"]["target_loss"] == pytest.approx(
         max(loaded["repeats"][0]["arms"][a]["final_loss"] for a in T.ARMS), abs=1e-4)  # the loss both reach
     for key in ("schema_version", "run_config", "seams", "objective", "seed", "seamkit_version", "torch_version",
@@ -140,6 +144,7 @@ def test_interleaved_arms_take_turns_and_share_nothing_in_time(tmp_path):
     events = []
     report = S.seams_study(cfg, tmp_path / "seams.json", callback=events.append, progress=False)
     assert report["status"] == "complete" and report["order"] == "interleaved"
+    assert report["wall_clock_dependent"] is True and "wall-clock dependent" in REP.summary_table(report)
     slices = {a: report["repeats"][0]["arms"][a]["slices"] for a in T.ARMS}
     raw = {a: [s for s in report["repeats"][0]["arms"][a].get("slices_raw", [])] for a in T.ARMS}
     assert all(s["n"] >= 3 for s in slices.values())  # about 1.2 / 0.3 slices each
@@ -168,6 +173,25 @@ def test_interleaved_interrupt_and_nan_end_cleanly(tmp_path):
     nan = S.seams_study(C.override(cfg, {"train.lr": 1e30}), tmp_path / "nan.json", progress=False)
     assert nan["status"] == "failed" and {nan["arms"][a]["status"] for a in T.ARMS} == {"failed"}
     assert R.load_report(tmp_path / "nan.json")["status"] == "failed"
+
+
+def test_the_paired_equal_token_gap_is_each_seeds_last_common_mark():
+    """aggregate.paired.equal_tokens_gap_local_minus_e2e: per complete seed, the local-e2e gap at
+    the last (largest) equal-token mark, in seed order; a seed that did not complete is left out."""
+    cfg = C.override(C.tiny(), {"seams.repeats": 4})
+
+    def rows(*gaps):  # one equal-token row per gap, at growing token counts
+        return [{"step": 4 * j, "tokens": 512 * j, "e2e": {"loss": 3.0}, "local": {"loss": 3.0 + g},
+                 "gap_local_minus_e2e": g} for j, g in enumerate(gaps, 1)]
+    runs = []
+    for k, (gaps, status) in enumerate([((0.5, 0.25), "complete"), ((0.75, -0.125), "complete"),
+                                        ((9.0, 9.0), "failed"), ((0.0, 0.375, 0.5), "complete")]):
+        local = _fake_result("local", k, 2.5, 900.0)
+        local.status = status
+        runs.append({"seed": k, "results": {"e2e": _fake_result("e2e", k, 2.0, 1000.0), "local": local},
+                     "views": {"equal_tokens": rows(*gaps), "time_to_target": None}})
+    gap = REP.study_report(cfg, runs, False, True, {}, None)["aggregate"]["paired"]["equal_tokens_gap_local_minus_e2e"]
+    assert gap["values"] == [0.25, -0.125, 0.5] and gap["n"] == 3 and gap["mean"] == pytest.approx(0.625 / 3)
 
 
 def test_the_study_aggregate_and_a_sweep_grid_point_give_one_interval():

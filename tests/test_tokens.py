@@ -3,6 +3,7 @@
 import gzip
 import json
 import re
+import shutil
 import tracemalloc
 from pathlib import Path
 
@@ -13,6 +14,7 @@ import pytest
 import torch
 
 from seamkit import cli
+from seamkit.data import tokencheck
 from seamkit.data import tokenfiles as tokens
 from seamkit.data.corpus import Corpus, tokenize_documents
 from seamkit.data.documents import SPLITS, split_documents
@@ -21,7 +23,16 @@ from seamkit.data.load import load_corpus
 from seamkit.data.rows import RowLoader, epochs, eval_batches, repeat_warning
 from seamkit.data.tokenizers import get_tokenizer
 from seamkit.data.windows import make_windows
-from tests.test_data import data_cfg, lemma_docs
+from tests.test_data import (
+    BROKEN,
+    FAULTS,
+    broken_file,
+    data_cfg,
+    good_bytes,
+    lemma_docs,
+    one_line_error,
+    write_corpus,
+)
 
 
 def write_sources(tmp_path, docs):
@@ -186,3 +197,296 @@ def test_token_corpus_errors(tmp_path, prepared):
     (tmp_path / "p.csv").write_text("a,b\n")
     with pytest.raises(DataError, match="unknown corpus format"):
         tokens.prepare([tmp_path / "p.csv"], "bytes", tmp_path / "o2", progress=False)
+
+
+# ----------------------------------------------------------------------------- prepare: failures leave nothing
+
+def _listing(root: Path) -> set[str]:
+    return {str(p.relative_to(root)) for p in root.rglob("*")}
+
+
+@pytest.mark.parametrize("kind, fault", BROKEN)
+def test_prepare_fails_in_one_line_and_leaves_nothing(tmp_path, kind, fault, capsys):
+    """A good file, then one of every format broken every way its reader can fail (alone where
+    the fault is holding no documents, which a file among others may): exit 2, one line naming
+    the file, and no output (nor the folders above it, nor a temporary folder); the same command
+    on the fixed file then works."""
+    good = write_corpus(tmp_path / "good.jsonl", lemma_docs(50))
+    bad = broken_file(tmp_path, kind, fault)
+    alone = FAULTS[kind][fault] == b"" or fault == "no documents"
+    before, out = _listing(tmp_path), tmp_path / "new" / "tok"
+    argv = ["data", "prepare", "--corpus", *([] if alone else [str(good)]), str(bad), "--tokenizer", "bytes",
+            "--out", str(out), "--workers", "1"]
+    assert cli.main(argv) == 2
+    assert str(bad) in one_line_error(capsys.readouterr().err, "data")
+    assert _listing(tmp_path) == before
+    bad.write_bytes(good_bytes(kind, lemma_docs(20, seed=1)))
+    assert cli.main(argv) == 0 and tokens.open_corpus(out, "bytes").n_docs == 20 + 50 * (not alone)
+
+
+def test_prepare_with_workers_leaves_nothing(tmp_path, capsys):
+    """The same through a pool of worker processes."""
+    good, bad = write_corpus(tmp_path / "good.jsonl", lemma_docs(50)), broken_file(tmp_path, "jsonl.gz", "truncated")
+    before = _listing(tmp_path)
+    assert cli.main(["data", "prepare", "--corpus", str(good), str(bad), "--tokenizer", "bytes",
+                     "--out", str(tmp_path / "tok"), "--workers", "2"]) == 2
+    assert str(bad) in one_line_error(capsys.readouterr().err, "data")
+    assert _listing(tmp_path) == before
+
+
+def test_prepare_interrupted_leaves_nothing(tmp_path, monkeypatch, capsys):
+    """Ctrl-C after the first chunk is written: exit 130, no output; an empty --out folder stays as it was."""
+    good = write_corpus(tmp_path / "good.jsonl", lemma_docs(300))
+    (tmp_path / "tok").mkdir()
+    monkeypatch.setattr(tokens, "CHUNK_CHARS", 500)
+    write = tokens._Writer.write
+
+    def interrupted(self, c):
+        write(self, c)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(tokens._Writer, "write", interrupted)
+    before = _listing(tmp_path)
+    assert cli.main(["data", "prepare", "--corpus", str(good), "--tokenizer", "bytes", "--out", str(tmp_path / "tok"),
+                     "--workers", "1"]) == 130
+    assert "interrupted" in capsys.readouterr().err
+    assert _listing(tmp_path) == before
+    monkeypatch.setattr(tokens._Writer, "write", write)  # the rerun lands in the empty folder
+    tokens.prepare([good], "bytes", tmp_path / "tok", workers=1, progress=False)
+    assert tokens.open_corpus(tmp_path / "tok", "bytes").n_docs == 300
+
+
+@pytest.mark.parametrize("flag, value", [(flag, v) for flag in ("--workers", "--shard-tokens")
+                                         for v in ("-1", "-1000")] + [("--shard-tokens", "0")])
+def test_prepare_refuses_sizes_out_of_range(tmp_path, capsys, flag, value):
+    good = write_corpus(tmp_path / "good.jsonl", lemma_docs(20))
+    before = _listing(tmp_path)
+    assert cli.main(["data", "prepare", "--corpus", str(good), "--tokenizer", "bytes", "--out", str(tmp_path / "tok"),
+                     flag, value]) == 2
+    assert f"{flag} must be an integer" in one_line_error(capsys.readouterr().err, "data")
+    assert _listing(tmp_path) == before
+
+
+# ----------------------------------------------------------------------------- a damaged token corpus
+
+def _edit_meta(edit):
+    def fault(root: Path):
+        meta = json.loads((root / "meta.json").read_text())
+        edit(meta)
+        (root / "meta.json").write_text(json.dumps(meta))
+    return fault
+
+
+def _write_meta_text(text):
+    return lambda root: (root / "meta.json").write_text(text)
+
+
+def _del(path: tuple):
+    def edit(meta):
+        for key in path[:-1]:
+            meta = meta[key]
+        del meta[path[-1]]
+    return _edit_meta(edit)
+
+
+def _set(path: tuple, value):
+    def edit(meta):
+        for key in path[:-1]:
+            meta = meta[key]
+        meta[path[-1]] = value
+    return _edit_meta(edit)
+
+
+def _wrong_type(kind):
+    return "seven" if kind is not str else 7
+
+
+def _resize(name: str, items: int):
+    """Cut one element off a file (items=-1) or add one (items=1)."""
+    def fault(root: Path):
+        path = root / name
+        meta = json.loads((root / "meta.json").read_text())
+        size = np.dtype(tokens.PER_DOC.get(name.removesuffix(".bin"), np.int64 if name.startswith("split")
+                                           else meta["dtype"])).itemsize
+        data = path.read_bytes()
+        path.write_bytes(data[:len(data) - size] if items < 0 else data + data[-size:])
+    return fault
+
+
+def _flip(name: str):
+    def fault(root: Path):
+        data = bytearray((root / name).read_bytes())
+        data[len(data) // 2] ^= 1
+        (root / name).write_bytes(bytes(data))
+    return fault
+
+
+def _sealed(name: str, change):
+    """Change the array in `name`, then write the checksums prepare would have written for it:
+    what the consistency checks alone must catch."""
+    def fault(root: Path):
+        meta = json.loads((root / "meta.json").read_text())
+        dt = tokens.PER_DOC.get(name.removesuffix(".bin"), np.int64)
+        a = np.fromfile(root / name, dt)
+        change(a, meta, root)
+        a.tofile(root / name)
+        meta["checksums"][name] = tokencheck.sha256_file(root / name)
+        (root / "meta.json").write_text(json.dumps(meta))
+    return fault
+
+
+def _past_the_shard(a, meta, root):
+    a[meta["shards"][1]["first_doc"]] += 1  # the last document of shard 0 ends inside shard 1
+
+
+def _split_past_the_end(a, meta, root):
+    a[-1] = meta["documents"]
+
+
+def _in_two_splits(a, meta, root):
+    """val's first document replaced by the train document before it, val's tokens kept right."""
+    lens, train = np.diff(np.fromfile(root / "offsets.bin", np.int64)), np.fromfile(root / "split-train.bin", np.int64)
+    t = int(train[train < a[0]][-1])
+    meta["splits"]["val"]["tokens"] += int(lens[t] - lens[a[0]])
+    a[0] = t
+
+
+def _token_faults() -> list[tuple[str, str, object]]:
+    """(fault, the file the error must name, what breaks a copy of a good token folder), from the
+    fields tokencheck declares and the files a token folder holds."""
+    faults = [("no meta.json", "", lambda root: (root / "meta.json").unlink()),
+              ("meta.json empty", "meta.json", _write_meta_text("")),
+              ("meta.json not JSON", "meta.json", _write_meta_text("{")),
+              ("meta.json a list", "meta.json", _write_meta_text("[]")),
+              ("meta.json of format 1", "meta.json", _set(("format",), 1)),
+              ("dtype not the tokenizer's", "meta.json", _set(("dtype",), "uint32")),
+              ("an unknown tokenizer", "meta.json", _set(("tokenizer",), "gpt2")),
+              ("a shard outside the folder", "meta.json", _set(("shards", 0, "file"), "../tokens-00000.bin"))]
+    for name, kind in tokencheck.META_FIELDS.items():
+        faults += [(f"meta without {name}", "meta.json", _del((name,))),
+                   (f"meta {name} of another type", "meta.json", _set((name,), _wrong_type(kind)))]
+    for name, kind in tokencheck.SHARD_FIELDS.items():
+        faults += [(f"shard without {name}", "meta.json", _del(("shards", 1, name))),
+                   (f"shard {name} of another type", "meta.json", _set(("shards", 1, name), _wrong_type(kind)))]
+    for s in SPLITS:
+        faults.append((f"splits without {s}", "meta.json", _del(("splits", s))))
+        for name in tokencheck.SPLIT_FIELDS:
+            faults += [(f"split {s} without {name}", "meta.json", _del(("splits", s, name))),
+                       (f"split {s} {name} negative", "meta.json", _set(("splits", s, name), -1))]
+    for name in tokencheck.checked_files():
+        faults += [(f"checksums without {name}", "meta.json", _del(("checksums", name))),
+                   (f"{name} changed", name, _flip(name))]
+    for name in [*tokencheck.checked_files(), "tokens-00000.bin"]:
+        faults += [(f"{name} missing", name, lambda root, name=name: (root / name).unlink()),
+                   (f"{name} one element short", name, _resize(name, -1)),
+                   (f"{name} one element long", name, _resize(name, 1))]
+    faults += [
+        ("offsets past the shard", "offsets.bin", _sealed("offsets.bin", _past_the_shard)),
+        ("offsets that shrink", "offsets.bin", _sealed("offsets.bin", lambda a, m, r: a.__setitem__(5, a[4]))),
+        ("offsets not from 0", "offsets.bin", _sealed("offsets.bin", lambda a, m, r: a.__setitem__(0, 1))),
+        ("offsets past the tokens", "offsets.bin", _sealed("offsets.bin", lambda a, m, r: a.__setitem__(-1, a[-1] + 1))),
+        ("a prompt longer than its document", "prompt_len.bin",
+         _sealed("prompt_len.bin", lambda a, m, r: a.__setitem__(3, 10_000))),
+        ("a negative word count", "words.bin", _sealed("words.bin", lambda a, m, r: a.__setitem__(0, -1))),
+        ("a split index past the documents", "split-train.bin", _sealed("split-train.bin", _split_past_the_end)),
+        ("a split out of order", "split-train.bin", _sealed("split-train.bin", lambda a, m, r: a.__setitem__(0, a[1]))),
+        ("a document in two splits", "", _sealed("split-val.bin", _in_two_splits)),
+        ("split tokens that disagree", "split-val.bin", _set(("splits", "val", "tokens"), 1)),
+        ("shards that do not follow each other", "offsets.bin", _set(("shards", 1, "first_doc"), 1)),
+        ("documents that the shards do not hold", "meta.json", _edit_meta(lambda m: m["shards"].pop())),
+    ]
+    return faults
+
+
+TOKEN_FAULTS = _token_faults()
+
+
+@pytest.fixture(scope="module")
+def token_dir(prepared):
+    """A good token folder of several shards, to copy and break."""
+    return prepared[0].root
+
+
+def _broken_copy(token_dir: Path, tmp_path: Path, fault) -> Path:
+    root = tmp_path / "tok"
+    shutil.copytree(token_dir, root)
+    fault(root)
+    return root
+
+
+@pytest.mark.parametrize("fault, names, breaks", TOKEN_FAULTS, ids=[f[0] for f in TOKEN_FAULTS])
+def test_damaged_token_corpus_is_one_line(token_dir, tmp_path, capsys, fault, names, breaks):
+    """Every way a token folder can be damaged: open_corpus raises one DataError line naming the
+    file, and `seamkit train --set data.corpus=DIR` exits 2 on that line, before any step."""
+    root = _broken_copy(token_dir, tmp_path, breaks)
+    with pytest.raises(DataError) as e:
+        tokens.open_corpus(root, "bytes")
+    msg = str(e.value)
+    assert "\n" not in msg and str(root / names if names else root) in msg, msg
+    out = tmp_path / "run"
+    code = cli.main(["train", "--preset", "tiny", "--max-steps", "1", "--threads", "1",
+                     "--set", f"data.corpus={root}", "--out", str(out)])
+    assert code == 2 and one_line_error(capsys.readouterr().err, "train").endswith(msg)
+    assert not out.exists()
+
+
+def test_full_check_reads_the_shards(token_dir, tmp_path):
+    """Every open checks the shards' sizes only; `full=True` reads them: a changed shard fails
+    on its SHA-256, and a token id past the vocabulary fails even under a matching SHA-256."""
+    tokens.open_corpus(token_dir, "bytes", full=True)
+    root = _broken_copy(token_dir, tmp_path / "a", _flip("tokens-00001.bin"))
+    tokens.open_corpus(root, "bytes")
+    with pytest.raises(DataError, match=r"tokens-00001\.bin: SHA-256 differs"):
+        tokens.open_corpus(root, "bytes", full=True)
+
+    def past_the_vocab(root):
+        shard = np.fromfile(root / "tokens-00002.bin", np.uint16)
+        shard[7] = 258
+        shard.tofile(root / "tokens-00002.bin")
+        _set(("shards", 2, "sha256"), tokencheck.sha256_file(root / "tokens-00002.bin"))(root)
+
+    root = _broken_copy(token_dir, tmp_path / "b", past_the_vocab)
+    with pytest.raises(DataError, match=r"tokens-00002\.bin: token id 258 is outside the tokenizer's 258 ids"):
+        tokens.open_corpus(root, "bytes", full=True)
+
+
+# ----------------------------------------------------------------------------- prune-check on another corpus
+
+@pytest.fixture(scope="module")
+def token_checkpoint(tmp_path_factory, token_dir):
+    """A tiny checkpoint trained (notionally) on the token folder."""
+    from seamkit import checkpoint
+    from seamkit import config as C
+    from seamkit.model import GPT
+    cfg = C.override(C.tiny(), {"data.corpus": str(token_dir)})
+    torch.manual_seed(0)
+    path = tmp_path_factory.mktemp("ck") / "tiny.pt"
+    checkpoint.save(path, GPT(cfg.model), None, cfg)
+    return path
+
+
+def _prune_check(ckpt, out, *sets):
+    return cli.main(["prune-check", "--preset", "tiny", "--checkpoint", str(ckpt), "--windows", "1", "--samples", "1",
+                     "--reference", "eager", "--threads", "1", "--set", "prune.warmup=0",
+                     *[a for s in sets for a in ("--set", s)], "--out", str(out)])
+
+
+def test_prune_check_reads_the_corpus_the_command_names(token_checkpoint, token_dir, tmp_path, capsys):
+    """`--set data.corpus=OTHER` evaluates the checkpoint on OTHER (same tokenizer) and the report
+    says so; a damaged OTHER fails in one line; OTHER of another tokenizer is refused in one line."""
+    other = write_corpus(tmp_path / "other.jsonl", lemma_docs(200, seed=7))
+    out = tmp_path / "r.json"
+    assert _prune_check(token_checkpoint, out, f"data.corpus={other}", f"data.cache_dir={tmp_path / 'cache'}") == 0
+    assert json.loads(out.read_text())["config"]["data"]["corpus"] == str(other)
+    capsys.readouterr()
+
+    no_meta = _broken_copy(token_dir, tmp_path / "a", lambda root: (root / "meta.json").unlink())
+    assert _prune_check(token_checkpoint, tmp_path / "x.json", f"data.corpus={no_meta}") == 2
+    assert f"{no_meta}: not a token corpus (no meta.json" in one_line_error(capsys.readouterr().err, "prune-check")
+
+    qwen = tmp_path / "qwen"
+    tokens.prepare([write_corpus(tmp_path / "q.jsonl", lemma_docs(5))], "qwen", qwen, workers=1, progress=False)
+    assert _prune_check(token_checkpoint, tmp_path / "x.json", f"data.corpus={qwen}") == 2
+    err = one_line_error(capsys.readouterr().err, "prune-check")
+    assert f"corpus {qwen} was prepared with tokenizer qwen, the checkpoint reads bytes" in err
+    assert not (tmp_path / "x.json").exists()

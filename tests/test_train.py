@@ -62,7 +62,23 @@ def test_a_budgeted_arm_anneals_when_its_budget_ends(corpus):
     p = 1 - r.max_step_s / cfg.train.budget_seconds
     assert floor <= r.lr_final <= OPT.lr_at_progress(p, cfg.train) + 1e-12
     assert r.lr_final < 0.5 * cfg.train.lr
-    assert r.loss_curve_lr[0] == pytest.approx(floor, rel=0.05)  # warm-up starts at the floor (t0 is just past 0)
+    assert r.loss_curve_lr[0] == floor and r.loss_curve_elapsed_s[0] == 0.0  # step 0 starts at second 0
+    assert r.wall_clock_dependent is True  # the clock set its LRs and ended it
+
+
+def test_the_same_command_ends_on_the_same_checkpoint_when_max_steps_binds(tmp_path):
+    """With a budget max_steps always reaches first, three runs of one command end on one
+    checkpoint id, the id of the run with no budget at all: nothing the clock reads (when step 0
+    starts, how long a step takes) reaches the weights, and the summary says so."""
+    steps = steps_cfg(6)
+    budget = C.override(steps, {"train.budget_seconds": 600.0})
+    runs = [TR.train_run(c, tmp_path / str(i), progress=False) for i, c in enumerate([budget] * 3 + [steps])]
+    assert len({r["checkpoint"].split(":")[1] for r in runs}) == 1, [r["checkpoint"] for r in runs]
+    assert [r["wall_clock_dependent"] for r in runs] == [False] * 4
+    timed = TR.train_run(C.override(steps, {"train.budget_seconds": 0.3, "train.max_steps": 0}), tmp_path / "t",
+                         progress=False)
+    assert timed["wall_clock_dependent"] is True
+    assert json.loads((tmp_path / "t" / "summary.json").read_text())["wall_clock_dependent"] is True
 
 
 def test_curve_marks_a_step_spanning_several_marks_fills_each(corpus):

@@ -8,6 +8,8 @@ Modules, each importing only those above it:
   documents streamed from .txt / .jsonl(.gz) / .parquet, and the seed-free train/val/test split.
 - `corpus`: `Corpus`, the tokenized arrays of a corpus, and the in-memory one built from a file
   and cached on disk.
+- `tokencheck`: what a token directory must hold (meta.json's fields, sizes, checksums,
+  consistent arrays), checked whenever one is opened.
 - `tokenfiles`: `seamkit data prepare` and memory-mapped token-file corpora (a `Corpus`).
 - `load`: `load_corpus`, the corpus a run config names: a file in memory or a token directory.
 - `rows`: the seams study's training rows (`RowLoader`, `eval_batches`) and epoch counts.

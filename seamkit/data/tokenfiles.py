@@ -13,8 +13,14 @@ the same documents in the same splits.
 `open_corpus`, which memory-maps every file; `RowLoader` then copies out only the documents
 each batch touches.
 
+`prepare` writes into a temporary folder beside DIR and renames it to DIR at the end, so a
+failed or interrupted run leaves nothing behind and DIR, once it exists, is complete.
+`open_corpus` checks what it opens (seamkit.data.tokencheck): meta.json's fields, every file's
+size, the SHA-256 of the per-document arrays, and offsets that fit the shards.
+
 Layout of DIR (all arrays little-endian, raw, no header; meta.json says dtype and length):
-  meta.json                 written last, atomically: a directory without one is unfinished
+  meta.json                 format, tokenizer, dtype, counts, the shards (each with its SHA-256),
+                            the splits' sizes and the SHA-256 of every file below but the shards
   tokens-00000.bin ...      token ids, uint16 for "bytes" and uint32 for "qwen"; whole documents
                             back to back, a new shard once one holds `shard_tokens` or more
   offsets.bin               int64 (n_docs + 1): document i is corpus tokens [offsets[i], offsets[i+1])
@@ -26,10 +32,14 @@ Layout of DIR (all arrays little-endian, raw, no header; meta.json says dtype an
 from __future__ import annotations
 
 import collections
+import hashlib
 import json
 import mmap
 import multiprocessing as mp
 import os
+import shutil
+import signal
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -44,20 +54,23 @@ from seamkit.data.documents import (
     iter_documents,
     split_by_hash,
 )
-from seamkit.data.errors import DataError
+from seamkit.data.errors import DataError, TokenizerMismatch
+from seamkit.data.tokencheck import (
+    FORMAT,
+    META,
+    PER_DOC,
+    check_arrays,
+    check_checksums,
+    check_meta,
+    check_shards,
+    token_dtype,
+)
 from seamkit.data.tokenizers import get_tokenizer
 from seamkit.report import atomic_write_text
 
-FORMAT = 1
-META = "meta.json"
 CHUNK_CHARS = 1 << 20  # text per tokenizing task: large enough to amortize the hand-over to a worker
 SHARD_TOKENS = 1 << 28  # 256M tokens: 512 MB (bytes) or 1 GB (qwen) per shard
 RELEASE_EVERY = 64  # documents read between two `TokenCorpus.release` calls; 0: never
-PER_DOC = {"offsets": np.int64, "prompt_len": np.int32, "words": np.int32}
-
-
-def token_dtype(n_vocab: int) -> np.dtype:
-    return np.dtype(np.uint16 if n_vocab <= 1 << 16 else np.uint32)
 
 
 # ----------------------------------------------------------------------------- prepare
@@ -95,39 +108,90 @@ def _chunks(paths: list[Path], text_column: str, bar):
 
 
 class _Writer:
-    """Appends encoded chunks to the shards and the per-document files of an output directory."""
+    """Appends encoded chunks to the shards and the per-document files of an output directory,
+    hashing every byte it writes (the checksums of meta.json)."""
 
     def __init__(self, out: Path, dtype: np.dtype, shard_tokens: int):
         self.out, self.dtype, self.shard_tokens = out, dtype, shard_tokens
         self.files = {name: open(out / f"{name}.bin", "wb") for name in PER_DOC}
-        self.files["offsets"].write(np.zeros(1, np.int64).tobytes())
+        self.sha = {name: hashlib.sha256() for name in PER_DOC}
+        self._put("offsets", np.zeros(1, np.int64))
         self.shards: list[dict] = []
-        self.shard = None
+        self.shard = self.shard_sha = None
         self.n_docs = self.n_tokens = 0
         self.hashes: list[np.ndarray] = []
 
+    def _put(self, name: str, a: np.ndarray) -> None:
+        self.files[name].write(a.tobytes())
+        self.sha[name].update(a.tobytes())
+
     def write(self, c: dict[str, np.ndarray]) -> None:
         if self.shard is None or self.shards[-1]["tokens"] >= self.shard_tokens:
-            if self.shard is not None:
-                self.shard.close()
+            self._close_shard()
             name = f"tokens-{len(self.shards):05d}.bin"
-            self.shard = open(self.out / name, "wb")
+            self.shard, self.shard_sha = open(self.out / name, "wb"), hashlib.sha256()
             self.shards.append({"file": name, "first_doc": self.n_docs, "first_token": self.n_tokens,
                                 "docs": 0, "tokens": 0})
         self.shard.write(c["tokens"].tobytes())
-        ends = self.n_tokens + np.cumsum(c["lens"])
-        self.files["offsets"].write(ends.astype(np.int64).tobytes())
-        self.files["prompt_len"].write(c["prompt_len"].tobytes())
-        self.files["words"].write(c["words"].tobytes())
+        self.shard_sha.update(c["tokens"].tobytes())
+        self._put("offsets", (self.n_tokens + np.cumsum(c["lens"])).astype(np.int64))
+        self._put("prompt_len", c["prompt_len"])
+        self._put("words", c["words"])
         self.hashes.append(c["hash"])
         n = len(c["lens"])
         self.shards[-1]["docs"] += n
         self.shards[-1]["tokens"] += len(c["tokens"])
         self.n_docs, self.n_tokens = self.n_docs + n, self.n_tokens + len(c["tokens"])
 
-    def close(self) -> None:
+    def _close_shard(self) -> None:
+        if self.shard is not None:
+            _sync_close(self.shard)
+            self.shards[-1]["sha256"] = self.shard_sha.hexdigest()
+            self.shard = None
+
+    def finish(self) -> dict[str, str]:
+        """Close and sync every file; the SHA-256 of each per-document file."""
+        self._close_shard()
+        for f in self.files.values():
+            _sync_close(f)
+        return {f"{name}.bin": h.hexdigest() for name, h in self.sha.items()}
+
+    def abandon(self) -> None:
         for f in [*self.files.values(), *([self.shard] if self.shard else [])]:
             f.close()
+
+
+def _sync_close(f) -> None:
+    f.flush()
+    os.fsync(f.fileno())
+    f.close()
+
+
+def _ignore_sigint() -> None:
+    # a worker's Ctrl-C is the parent's to handle: it removes the output and ends the pool
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def check_output(out) -> None:
+    """DataError, before any work and creating nothing, when `out` cannot become a token
+    directory: it exists and is not an empty directory, or the nearest existing folder above
+    it is not a writable directory."""
+    out = Path(out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise DataError(f"{out}: output exists and is not an empty directory")
+    up = next(p for p in out.absolute().parents if p.exists())
+    if not up.is_dir():
+        raise DataError(f"cannot write {out}: {up} is not a directory")
+    if not os.access(up, os.W_OK | os.X_OK):
+        raise DataError(f"cannot write {out}: {up} is not writable")
+
+
+def check_sizes(workers: int, shard_tokens: int) -> None:
+    """`workers` >= 0 (0: one per CPU) and `shard_tokens` >= 1, or DataError naming the flag."""
+    for flag, value, low in (("--workers", workers, 0), ("--shard-tokens", shard_tokens, 1)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise DataError(f"{flag} must be an integer >= {low}, got {value!r}"
+                            + ("; 0 means one process per CPU" if flag == "--workers" else ""))
 
 
 def prepare(paths, tokenizer: str, out_dir, workers: int = 0, shard_tokens: int = SHARD_TOKENS,
@@ -136,52 +200,102 @@ def prepare(paths, tokenizer: str, out_dir, workers: int = 0, shard_tokens: int 
 
     `paths`: files, or directories whose .txt/.jsonl(.gz)/.parquet files are taken in name
     order. `workers`: tokenizing processes (0: one per CPU, 1: in this process). `out_dir`
-    must be new or empty. An interrupted run leaves no meta.json, so it is never read as done.
+    must be new or empty. Everything is written into a temporary folder beside it, renamed
+    to `out_dir` at the end: any failure, Ctrl-C included, removes it and every folder above
+    `out_dir` that this call created.
     """
     tok = get_tokenizer(tokenizer)
+    check_sizes(workers, shard_tokens)
     out = Path(out_dir)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise DataError(f"{out}: output exists and is not an empty directory")
+    check_output(out)
     files = _corpus_files(paths)
-    out.mkdir(parents=True, exist_ok=True)
     workers = workers or os.cpu_count() or 1
-    writer = _Writer(out, token_dtype(tok.n_vocab), shard_tokens)
+    made = [p for p in reversed(out.absolute().parents) if not p.exists()]  # outermost first
+    tmp = None
+    try:
+        try:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+        except OSError as e:
+            raise DataError(f"cannot write {out}: {e.strerror or e}") from None
+        meta = _write(files, tok, tmp, workers, shard_tokens, text_column, progress)
+        mask = os.umask(0)
+        os.umask(mask)
+        os.chmod(tmp, 0o777 & ~mask)  # mkdtemp makes 0700; give the folder the permissions mkdir would
+        try:
+            os.replace(tmp, out)  # onto a missing or empty directory
+        except OSError as e:
+            raise DataError(f"cannot write {out}: {e.strerror or e}") from None
+        return meta
+    except BaseException:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+        for p in reversed(made):  # innermost first; a folder someone else filled meanwhile stays
+            try:
+                p.rmdir()
+            except OSError:
+                break
+        raise
+
+
+def _write(files: list[Path], tok, tmp: Path, workers: int, shard_tokens: int, text_column: str,
+           progress: bool) -> dict:
+    """Every document of `files` into the token directory `tmp`; its meta.json, written last."""
+    try:
+        writer = _Writer(tmp, token_dtype(tok.n_vocab), shard_tokens)
+    except OSError as e:
+        raise DataError(f"cannot write {tmp}: {e.strerror or e}") from None
     total = sum(p.stat().st_size for p in files)
     try:
         with tqdm(total=total, unit="B", unit_scale=True, desc=f"data prepare ({tok.name}, {workers} workers)",
                   disable=not progress, mininterval=1.0) as bar:
-            chunks = _chunks(files, text_column, bar)
-            if workers == 1:
-                for chunk in chunks:
-                    writer.write(_encode_chunk(tok.name, chunk))
-                    bar.set_postfix(tokens=f"{writer.n_tokens:,}", refresh=False)
-            else:
-                # at most 2 tasks per worker in flight: reading never runs far ahead of tokenizing
-                with mp.get_context("spawn").Pool(workers) as pool:
-                    pending = collections.deque()
-                    for chunk in chunks:
-                        pending.append(pool.apply_async(_encode_chunk, (tok.name, chunk)))
-                        while len(pending) > 2 * workers:
-                            writer.write(pending.popleft().get())
-                            bar.set_postfix(tokens=f"{writer.n_tokens:,}", refresh=False)
-                    while pending:
-                        writer.write(pending.popleft().get())
+            try:
+                _encode_all(files, tok, writer, workers, text_column, bar)
+                if writer.n_docs == 0:
+                    raise DataError(f"{', '.join(map(str, files))}: no documents")
+            except BaseException:
+                bar.leave = False  # the error line alone, not a bar stopped part way
+                raise
+        checksums = writer.finish()
+        splits = split_by_hash(np.concatenate(writer.hashes))
+        offsets = np.memmap(tmp / "offsets.bin", np.int64, mode="r")
+        meta = {"format": FORMAT, "tokenizer": tok.name, "dtype": writer.dtype.name, "documents": writer.n_docs,
+                "tokens": writer.n_tokens, "shards": writer.shards, "splits": {}, "checksums": checksums,
+                "sources": [str(p) for p in files], "text_column": text_column}
+        for s in SPLITS:
+            ids = splits[s].astype(np.int64)
+            with open(tmp / f"split-{s}.bin", "wb") as f:
+                f.write(ids.tobytes())
+                f.flush()
+                os.fsync(f.fileno())
+            meta["checksums"][f"split-{s}.bin"] = hashlib.sha256(ids.tobytes()).hexdigest()
+            meta["splits"][s] = {"documents": len(ids), "tokens": int((offsets[ids + 1] - offsets[ids]).sum())}
+        del offsets
+        atomic_write_text(tmp / META, json.dumps(meta, indent=2) + "\n")
+    except OSError as e:  # reading errors are DataErrors already (documents.iter_documents)
+        raise DataError(f"cannot write {tmp}: {e.strerror or e}") from None
     finally:
-        writer.close()
-    if writer.n_docs == 0:
-        raise DataError(f"{', '.join(map(str, files))}: no documents")
-    splits = split_by_hash(np.concatenate(writer.hashes))
-    offsets = np.memmap(out / "offsets.bin", np.int64, mode="r")
-    meta = {"format": FORMAT, "tokenizer": tok.name, "dtype": writer.dtype.name, "documents": writer.n_docs,
-            "tokens": writer.n_tokens, "shards": writer.shards, "splits": {},
-            "sources": [str(p) for p in files], "text_column": text_column}
-    for s in SPLITS:
-        ids = splits[s].astype(np.int64)
-        ids.tofile(out / f"split-{s}.bin")
-        meta["splits"][s] = {"documents": len(ids), "tokens": int((offsets[ids + 1] - offsets[ids]).sum())}
-    del offsets
-    atomic_write_text(out / META, json.dumps(meta, indent=2) + "\n")
+        writer.abandon()
     return meta
+
+
+def _encode_all(files: list[Path], tok, writer: _Writer, workers: int, text_column: str, bar) -> None:
+    chunks = _chunks(files, text_column, bar)
+    if workers == 1:
+        for chunk in chunks:
+            writer.write(_encode_chunk(tok.name, chunk))
+            bar.set_postfix(tokens=f"{writer.n_tokens:,}", refresh=False)
+        return
+    # at most 2 tasks per worker in flight: reading never runs far ahead of tokenizing
+    with mp.get_context("spawn").Pool(workers, initializer=_ignore_sigint) as pool:
+        pending = collections.deque()
+        for chunk in chunks:
+            pending.append(pool.apply_async(_encode_chunk, (tok.name, chunk)))
+            while len(pending) > 2 * workers:
+                writer.write(pending.popleft().get())
+                bar.set_postfix(tokens=f"{writer.n_tokens:,}", refresh=False)
+        while pending:
+            writer.write(pending.popleft().get())
 
 
 def _corpus_files(paths) -> list[Path]:
@@ -286,22 +400,26 @@ def _no_tokens(self):
 TokenCorpus.tokens = property(_no_tokens, lambda self, value: None)
 
 
-def open_corpus(root, tokenizer: str) -> TokenCorpus:
-    """Memory-map a token directory; DataError (one line, naming the file) when it is unfinished,
-    was prepared with another tokenizer, or a file's size does not match meta.json."""
+def open_corpus(root, tokenizer: str, full: bool = False) -> TokenCorpus:
+    """Memory-map a token directory, checked first (seamkit.data.tokencheck): DataError in one
+    line naming the file when meta.json is missing, incomplete or of another format, the
+    corpus was prepared with another tokenizer, a file's size or checksum does not match
+    meta.json, or the arrays disagree (offsets past a shard, splits that do not partition).
+    `full`: also read every shard (its SHA-256 and token ids), as long as the shards are big.
+    """
     root = Path(root)
+    path = root / META
     try:
-        meta = json.loads((root / META).read_text())
+        meta = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise DataError(f"{root}: not a token corpus (no {META}; `seamkit data prepare` makes one, "
-                        f"and an interrupted one has none)") from None
+        raise DataError(f"{root}: not a token corpus (no {META}; `seamkit data prepare` makes one)") from None
     except (OSError, ValueError) as e:
-        raise DataError(f"{root / META}: cannot read ({e})") from None
-    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
-        raise DataError(f"{root / META}: not a seamkit token corpus of format {FORMAT}")
+        raise DataError(f"{path}: cannot read ({str(e).splitlines()[0]})") from None
+    check_meta(meta, path, lambda name: get_tokenizer(name).n_vocab)
     if meta["tokenizer"] != tokenizer:
-        raise DataError(f"{root}: prepared with tokenizer {meta['tokenizer']}, the config asks for {tokenizer}; "
-                        f"--set data.tokenizer={meta['tokenizer']} (and a model.vocab to match)")
+        raise TokenizerMismatch(f"{root}: prepared with tokenizer {meta['tokenizer']}, the config asks for "
+                                f"{tokenizer}; --set data.tokenizer={meta['tokenizer']} (and a model.vocab to match)",
+                                meta["tokenizer"])
     tok, dtype, n = get_tokenizer(tokenizer), np.dtype(meta["dtype"]), meta["documents"]
 
     def mapped(name: str, dt, length: int):
@@ -318,6 +436,13 @@ def open_corpus(root, tokenizer: str) -> TokenCorpus:
     per_doc = {name: mapped(f"{name}.bin", dt, n + (name == "offsets")) for name, dt in PER_DOC.items()}
     splits = {s: mapped(f"split-{s}.bin", np.int64, meta["splits"][s]["documents"]) for s in SPLITS}
     shards = [mapped(sh["file"], dtype, sh["tokens"]) for sh in meta["shards"]]
+    try:
+        check_checksums(root, meta)
+        check_arrays(root, meta, per_doc, splits)
+        if full:
+            check_shards(root, meta, tok.n_vocab)
+    except OSError as e:
+        raise DataError(f"{root}: cannot read ({e.strerror or e})") from None
     return TokenCorpus(name=root.name, tokenizer=tok, tokens=None, offsets=per_doc["offsets"],
                        prompt_len=per_doc["prompt_len"], words=per_doc["words"], splits=splits, shards=shards,
                        shard_first_doc=np.array([sh["first_doc"] for sh in meta["shards"]], np.int64),

@@ -7,8 +7,9 @@ not pay: a calibration on random data for every window, and an attention backwar
 keys, values and RoPE at all N positions.
 
 Work done per row gives the same bits on fewer rows, with two caveats measured on this CPU
-(MKL, AVX2): a GEMM gives other bits to rows of a thread that holds 1-3 rows (`min_gemm_rows`),
-and the flash-attention kernel to query blocks of 1-3 rows (`attention_calls`). Work that sums
+(MKL): a GEMM gives other bits to rows of a thread that holds 1-3 rows (`min_gemm_rows`), and
+the flash-attention kernel to query blocks of 1-3 rows (`attention_calls`). Neither is taken on
+trust: each row-subset GEMM shape is tried against its all-rows form (`rows_exact`). Work that sums
 over positions is where pruning could change bits, and each such sum is done the unpruned way:
 
 - weight gradients: the unpruned step adds exact zeros for pruned rows. Bias and norm-weight
@@ -105,11 +106,14 @@ def calibrate(model: GPT, p: Plan, blocked: bool = True) -> Plan:
 
     Every weight-gradient GEMM: can it run over the kept rows only (`calibrate_gemm`)? The
     attention: can it run the kept query rows over their documents' key blocks only
-    (`attention_calls`)? Where not, the pruned step uses the all-rows form, exact by
-    construction. `blocked=False` uses the all-rows forms everywhere. Part of the pruned step
-    (`bitwise_loss`): it runs, and is timed, for every window.
+    (`attention_calls`)? Every forward and input-gradient GEMM: do the kept rows alone give
+    their all-rows bits (`rows_exact`, tried when the step first runs that shape)? Where not,
+    the pruned step uses the all-rows form, exact by construction. `blocked=False` uses the
+    all-rows forms everywhere. Part of the pruned step (`bitwise_loss`): it runs, and is timed,
+    for every window.
     """
     cfg, dt, dev = model.cfg, model.head.weight.dtype, model.head.weight.device
+    p.blocks["rows"] = blocked  # row-subset GEMMs: tried per shape when the step first runs one (`rows_exact`)
     C, Mh = cfg.dim, cfg.mlp_mult * cfg.dim
     shapes = {"live": [(3 * C, C), (C, C), (Mh, C), (C, Mh)] if cfg.n_blocks > 1 else [(3 * C, C)],
               "target": [(C, C), (Mh, C), (C, Mh), (cfg.vocab, C)]}
@@ -190,24 +194,56 @@ def min_gemm_rows() -> int:
     return 4 * (torch.get_num_threads() + 1)
 
 
-def _rows_fn(fn, x: Tensor, rows: "Rows") -> Tensor:
-    """fn over the kept rows (dim -2) of x, on the unpruned GEMM's row-count path.
-
-    Below `min_gemm_rows` rows x is padded with zero rows up to it; where the unpruned GEMM
-    itself has fewer rows than that, x runs at its N positions, as it does there.
-    """
+def _padded(fn, x: Tensor) -> Tensor:
+    """fn over the rows (dim -2) of x alone, padded with zero rows up to `min_gemm_rows`."""
     k, m = x.shape[-2], min_gemm_rows()
-    if k >= m or x.device.type != "cpu":
+    if k >= m:
         return fn(x)
-    if rows.N < m:
-        return rows.gather(fn(rows.expand(x, x.dim() - 2)), x.dim() - 2)
     pad = torch.cat([x, x.new_zeros(*x.shape[:-2], m - k, x.shape[-1])], -2)
     return fn(pad).narrow(-2, 0, k)
 
 
+def rows_exact(rows: "Rows", key: tuple, batch: tuple) -> bool:
+    """Whether `_padded` over the kept rows gives the bits of the same GEMM over all N rows, here.
+
+    key: (kind, out, in, bias), kind "linear" (F.linear, in -> out) or "mm" (an input gradient
+    z @ W, out -> in). Tried on random data the first time a step meets the key (kept in the
+    plan's `blocks`: one step only): a BLAS may pick its kernel, or split rows among threads,
+    by the row count (see `min_gemm_rows`), and this catches every such choice.
+    """
+    if not rows.blocks.get("rows", True) or rows.N < min_gemm_rows():
+        return False  # all-rows forms asked for; or the unpruned GEMM itself is in the few-rows path
+    cache = ("rows", rows.name, *key, batch)
+    if cache not in rows.blocks:
+        (kind, out_f, in_f, bias), dt, dev = key, rows.keep.dtype, rows.index.device
+        g = torch.Generator(device="cpu").manual_seed(rows.N + 2)
+        w = torch.randn(out_f, in_f, generator=g, dtype=dt).to(dev)
+        b = torch.randn(out_f, generator=g, dtype=dt).to(dev) if bias else None
+        op = (lambda z: z.mm(w)) if kind == "mm" else (lambda z: F.linear(z, w, b))
+        x = torch.randn(*batch, rows.N, out_f if kind == "mm" else in_f, generator=g, dtype=dt).to(dev)
+        with torch.no_grad():
+            d = x.dim() - 2
+            rows.blocks[cache] = torch.equal(_padded(op, rows.gather(x, d)), rows.gather(op(x), d))
+    return rows.blocks[cache]
+
+
+def _rows_fn(fn, x: Tensor, rows: "Rows", key: tuple) -> Tensor:
+    """fn over the kept rows (dim -2) of x, with the bits the unpruned GEMM gives those rows.
+
+    The kept rows alone (`_padded`) where `rows_exact` says they reproduce the all-rows GEMM;
+    else x runs at its N positions, zeros elsewhere, as in the unpruned step.
+    """
+    if x.device.type != "cpu":
+        return fn(x)
+    if rows_exact(rows, key, tuple(x.shape[:-2])):
+        return _padded(fn, x)
+    return rows.gather(fn(rows.expand(x, x.dim() - 2)), x.dim() - 2)
+
+
 def _linear(x: Tensor, weight: Tensor, bias: Tensor | None, rows: "Rows") -> Tensor:
     """F.linear over kept rows, exact whatever their number."""
-    return _rows_fn(lambda z: F.linear(z, weight, bias), x, rows)
+    key = ("linear", weight.shape[0], weight.shape[1], bias is not None)
+    return _rows_fn(lambda z: F.linear(z, weight, bias), x, rows, key)
 
 
 def _linear_grads(ctx, x, weight, g_c, g_full):
@@ -215,7 +251,8 @@ def _linear_grads(ctx, x, weight, g_c, g_full):
     them: dx = g W, dW = g^T x, db = the column sums of g over all N rows."""
     rows = ctx.rows
     g2, x2 = g_c.reshape(-1, g_c.shape[-1]), x.reshape(-1, x.shape[-1])
-    dx = _rows_fn(lambda z: z.mm(weight), g2, rows).view(x.shape) if ctx.needs_input_grad[0] else None
+    key = ("mm", weight.shape[0], weight.shape[1], False)
+    dx = _rows_fn(lambda z: z.mm(weight), g2, rows, key).view(x.shape) if ctx.needs_input_grad[0] else None
     dw = rows.wgrad(x2, g2) if ctx.needs_input_grad[1] else None
     db = None
     if ctx.has_bias and ctx.needs_input_grad[2]:
@@ -412,7 +449,6 @@ class _Expand(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g):
         return ctx.rows.gather(g, ctx.dim), None, None
-
 
 
 # ----------------------------------------------------------------------------- the steps

@@ -10,8 +10,10 @@ compiler.
 
 `exact=arithmetic` (the default) is exact in arithmetic: float64 within 1e-12, float32 deltas to
 the reference reported beside base's own; `exact=bitwise` must match the unpruned step's bits on
-this CPU. Either way the timed step holds every cost of pruning: the plan, its indices and masks,
-and (bitwise) the calibration; nothing is kept from one window to the next, so `setup_s` is 0.
+this CPU (`bitwise_mode_held`: prune_exact equal to base on every window; the summary names the
+windows where it is not). Either way the timed step holds every cost of pruning: the plan, its
+indices and masks, and (bitwise) the calibration; nothing is kept from one window to the next,
+so `setup_s` is 0.
 What ran is counted in an untimed step of the same window: the rows (`kept`, `skipped`,
 `projected`) and the forward + backward FLOPs (FlopCounterMode), beside the FLOPs the plan
 promises (`prune.plan_flops`). A window without any target is skipped and counted
@@ -37,7 +39,7 @@ from tqdm.auto import tqdm
 from seamkit import checkpoint as ckpt_mod
 from seamkit.config import RunConfig, tokenizer_vocab
 from seamkit.costs import measured_flops
-from seamkit.data.errors import DataError
+from seamkit.data.errors import DataError, TokenizerMismatch
 from seamkit.data.load import load_corpus
 from seamkit.data.windows import make_windows
 from seamkit.model import resolve_device
@@ -63,12 +65,14 @@ from seamkit.threads import resolve_threads
 
 TOLERANCE = {"float32": 0.0, "float64": 1e-12}  # float32: bitwise is the claim; float64: the bound of exact arithmetic
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
+MODE_CONTROL = "prune_exact vs base (both eager)"  # the control that decides whether bitwise mode held
 
 
 # ----------------------------------------------------------------------------- loading
 
-def _load(cfg: RunConfig, checkpoint_path: Path):
-    """The checkpoint, its model config and the data config its windows come from."""
+def _load(cfg: RunConfig, checkpoint_path: Path, corpus: str | None = None):
+    """The checkpoint, its model config and the data config its windows come from: the
+    checkpoint's corpus, or `corpus` (read with the checkpoint's tokenizer)."""
     ck = ckpt_mod.load(checkpoint_path)
     saved: RunConfig = ck["run_config"]
     if saved.data.tokenizer != cfg.data.tokenizer or saved.model.vocab != cfg.model.vocab:
@@ -79,7 +83,7 @@ def _load(cfg: RunConfig, checkpoint_path: Path):
     if saved.model.vocab < tokenizer_vocab(saved.data.tokenizer):
         raise CheckError(f"checkpoint {checkpoint_path}: vocab {saved.model.vocab} is smaller than its "
                          f"{saved.data.tokenizer} tokenizer")
-    data_cfg = dataclasses.replace(saved.data, cache_dir=cfg.data.cache_dir)
+    data_cfg = dataclasses.replace(saved.data, cache_dir=cfg.data.cache_dir, corpus=corpus or saved.data.corpus)
     return ck, saved, data_cfg
 
 
@@ -89,6 +93,9 @@ def load_windows(data_cfg, cfg: RunConfig) -> list:
         corpus = load_corpus(data_cfg)
         return make_windows(corpus, cfg.prune.split, cfg.data.window_positions, cfg.prune.policy,
                             cfg.prune.windows, seed=cfg.train.seed)
+    except TokenizerMismatch as e:  # the checkpoint fixes the tokenizer: only another corpus can help
+        raise CheckError(f"corpus {data_cfg.corpus} was prepared with tokenizer {e.prepared}, the checkpoint "
+                         f"reads {data_cfg.tokenizer}: evaluate it on a corpus of its own tokenizer") from None
     except DataError as e:
         raise CheckError(str(e)) from None
 
@@ -122,16 +129,18 @@ def _steps_per_window(samples: int, warmup: int) -> int:
 
 
 def prune_check(cfg: RunConfig, checkpoint_path, out_path, windows: list | None = None,
-                progress: bool = True) -> dict:
+                progress: bool = True, corpus: str | None = None) -> dict:
     """The pruning study; writes the report to out_path (atomically) and returns it.
 
     windows: already-built windows (tests); None builds cfg.prune.windows of them from the
-    checkpoint's corpus. On Ctrl-C the report written so far has status "interrupted".
+    checkpoint's corpus, or from `corpus` (another corpus of the checkpoint's tokenizer; the
+    report's config names the one read). On Ctrl-C the report written so far has status
+    "interrupted".
     """
     checkpoint_path, out_path = Path(checkpoint_path), Path(out_path)
-    ck, saved, data_cfg = _load(cfg, checkpoint_path)
+    ck, saved, data_cfg = _load(cfg, checkpoint_path, corpus)
     run_cfg = dataclasses.replace(cfg, model=saved.model, data=dataclasses.replace(
-        cfg.data, corpus=saved.data.corpus, tokenizer=saved.data.tokenizer))
+        cfg.data, corpus=data_cfg.corpus, tokenizer=saved.data.tokenizer))
     if saved.model.dropout > 0:
         raise CheckError(f"checkpoint {checkpoint_path}: model.dropout={saved.model.dropout}; exact pruning "
                          f"needs dropout 0 (a dropout mask over fewer positions differs)")
@@ -292,7 +301,7 @@ def _exactness(s: Study, wi: int, window, p: prune.Plan):
                                  "bitwise": differences_zero(d)})
         bar.update(1)
     control = compare(results["base"], results["prune_exact"])
-    report["controls"].append({"window": wi, "compared": "prune_exact vs base (both eager)", **control,
+    report["controls"].append({"window": wi, "compared": MODE_CONTROL, **control,
                                "bitwise": differences_zero(control)})
     if s.control_ref is not None:
         bar.set_postfix_str(f"window {wi}: aot_eager reference")
@@ -372,6 +381,11 @@ def _finish(report: dict, tol: float | None) -> None:
     checks = report["checks"]
     report["bitwise"] = bool(checks) and all(c["bitwise"] for c in checks)
     report["within_tolerance"] = None if tol is None else bool(checks) and all(within(c, tol) for c in checks)
+    # what bitwise mode promises: prune_exact equal to base bit for bit on every window (None in
+    # arithmetic mode); a compiled reference's own rounding does not enter it either way
+    controls = [c for c in report["controls"] if c["compared"] == MODE_CONTROL]
+    report["bitwise_mode_held"] = (bool(controls) and all(c["bitwise"] for c in controls)
+                                   if report.get("exact") == "bitwise" else None)
 
 def _g(x: float) -> str:
     return "0" if x == 0 else f"{x:.1e}"
@@ -414,6 +428,11 @@ def summary_table(report: dict) -> str:
     tol, within_tol = report.get("tolerances", {}).get("declared"), report.get("within_tolerance")
     bound = ("no bound declared: float32 arithmetic, deltas above beside base's" if tol is None else
              f"within tolerance {tol}: {str(within_tol).lower()}")
+    held = report.get("bitwise_mode_held")
+    if held is not None:
+        failed = [c["window"] for c in report.get("controls", []) if c["compared"] == MODE_CONTROL and not c["bitwise"]]
+        rows.append("bitwise mode held: prune_exact equals base bit for bit on every window" if held else
+                    f"bitwise mode did NOT hold on this CPU: prune_exact differs from base on window(s) {failed}")
     rows.append(f"bitwise vs reference: {str(report.get('bitwise', False)).lower()}  "
                 f"(dtype {report.get('dtype')}, {bound}), status {report.get('status')}")
     return "\n".join(rows)

@@ -229,6 +229,7 @@ def run_arm(arm: str, cfg: RunConfig, corpus=None, callback: Callable[[dict], No
         final_loss=final_loss, final_loss_stderr=final_stderr, eval_tokens=len(batches) * cfg.data.batch * cfg.model.seq,
         **mem, lr_final=run["lr_final"], max_step_s=run["max_step_s"], failed_step=run["failed_step"],
         objective=a.objective, segments=a.segs, **curve(run["points"]), epochs=epochs(tokens, corpus),
-        repeat_warning=repeated, checkpoint=ref, checkpoint_path=str(checkpoint_path) if checkpoint_path else None)
+        repeat_warning=repeated, checkpoint=ref, checkpoint_path=str(checkpoint_path) if checkpoint_path else None,
+        wall_clock_dependent=run["wall_clock_dependent"])
     callback({"kind": "end", "arm": arm, "status": run["status"], "result": result})
     return result

@@ -18,8 +18,10 @@ alike, slice by slice, and each arm's clock runs only in its own slices.
 
 An arm holds the turn through its evaluation and checkpoint too, so nothing it does competes
 with the other arm's training. Events (the loop's callback events, `seamkit.loop`) travel through one queue
-and the parent calls the callback. Faults end cleanly: Ctrl-C in the parent is passed on to
-both arms, which stop between steps (or stop waiting) and report `interrupted`; a NaN in one
+and the parent calls the callback. Faults end cleanly: Ctrl-C in the parent (or its `stop()`) is
+passed on to both arms, through a shared Event and a SIGINT, which stop between steps (or stop
+waiting) and report `interrupted`. An arm installs its SIGINT handler first thing, whatever
+disposition it inherited, and the Event reaches an arm still starting, before it has one; a NaN in one
 arm ends that arm `failed` and hands the turn on, and the other trains on; an exception in an
 arm is raised here with the arm's traceback as its cause; an arm whose parent died stops.
 
@@ -108,6 +110,17 @@ class Snapshots:
         self.folder.mkdir(parents=True, exist_ok=True)
         self.kept: list[dict] = []  # {"step", "elapsed_s", "path"}, by step
 
+    def state(self) -> dict:
+        """What a checkpoint keeps of this (plain data)."""
+        return {"g": self.g, "kept": list(self.kept)}
+
+    def restore(self, state: dict | None) -> None:
+        """Go on from a checkpoint's `state()`. A snapshot the stopped run deleted after that
+        checkpoint (its grid doubled later) is dropped: the views read only what is there."""
+        if state:
+            self.g = state["g"]
+            self.kept = [s for s in state["kept"] if Path(s["path"]).is_file()]
+
     def __call__(self, a, steps: int, elapsed_s: float) -> None:
         if steps % self.g:
             return
@@ -125,17 +138,17 @@ _STOP = threading.Event()
 
 
 def _arm_worker(arm: str, cfg_dict: dict, ckpt: str | None, q, go, parent: int, slice_s: float,
-                snap_dir: str | None, snap_keep: int, resume: bool = False) -> None:
-    """Body of an arm's process: SIGINT only sets a flag, so the arm stops between steps and still
-    reports (status interrupted) and checkpoints what it did. `resume`: continue from `ckpt`
-    when it exists (with its slices and snapshots so far)."""
-    signal.signal(signal.SIGINT, lambda *_: _STOP.set())
+                snap_dir: str | None, snap_keep: int, resume: bool = False, halt=None) -> None:
+    """Body of an arm's process: SIGINT (or the parent's `halt` Event) only sets a flag, so the
+    arm stops between steps and still reports (status interrupted) and checkpoints what it did.
+    `resume`: continue from `ckpt` when it exists (with its slices and snapshots so far)."""
+    signal.signal(signal.SIGINT, lambda *_: _STOP.set())  # installed whatever was inherited (SIG_IGN too)
     turns = None
     try:
         cfg = from_dict(cfg_dict)
 
         def stop():
-            return _STOP.is_set() or os.getppid() != parent
+            return _STOP.is_set() or (halt is not None and halt.is_set()) or os.getppid() != parent
         turns = Turns(arm, go, q, slice_s, cfg.data.batch * cfg.model.seq, stop)
         snaps = Snapshots(snap_dir, snap_keep) if snap_dir else None
         resume_from = None
@@ -143,11 +156,11 @@ def _arm_worker(arm: str, cfg_dict: dict, ckpt: str | None, q, go, parent: int, 
             from seamkit.seams.resume import load_arm
             resume_from = load_arm(ckpt, cfg, arm)
             turns.slices = list(resume_from["extra"].get("slices") or [])
-            if snaps and resume_from["extra"].get("snapshots"):
-                snaps.g, snaps.kept = resume_from["extra"]["snapshots"]["g"], resume_from["extra"]["snapshots"]["kept"]
+            if snaps:
+                snaps.restore(resume_from["extra"].get("snapshots"))
 
         def save_extra():
-            return {"slices": turns.slices, "snapshots": {"g": snaps.g, "kept": snaps.kept} if snaps else None}
+            return {"slices": turns.slices, "snapshots": snaps.state() if snaps else None}
 
         def callback(event):
             if event["kind"] == "start":
@@ -175,16 +188,17 @@ def _arm_worker(arm: str, cfg_dict: dict, ckpt: str | None, q, go, parent: int, 
 
 def run_arms(cfg: RunConfig, checkpoints: dict, callback: Callable[[dict], None] | None = None,
              order: str = "interleaved", snapshot_dir=None, arms: tuple = ARMS,
-             resume: bool = False) -> tuple[dict, bool]:
+             resume: bool = False, stop: Callable[[], bool] = lambda: False) -> tuple[dict, bool]:
     """Both arms (or those in `arms`), each in its own spawned process, taking turns (see the module docstring).
 
     `checkpoints`: {arm: path or None}. Returns ({arm: run_arm's result + "slices" and
     "snapshots"}, interrupted here). An arm that never reported is missing from the results.
     `resume`: each arm continues from its checkpoint where there is one (`seams.resume`).
+    `stop()`: polled here; True interrupts the arms as Ctrl-C does (`resume.sigint_stops`).
     """
     arms = tuple(a for a in ARMS if a in arms)
     ctx = mp.get_context("spawn")  # the arms inherit this process's environment (OpenMP: seamkit/__init__.py)
-    q = ctx.Queue()
+    q, halt = ctx.Queue(), ctx.Event()
     go = {arm: ctx.Event() for arm in arms}
     slice_s = cfg.seams.slice_seconds if order == "interleaved" else math.inf
     keep = 8 * cfg.seams.token_marks
@@ -193,7 +207,8 @@ def run_arms(cfg: RunConfig, checkpoints: dict, callback: Callable[[dict], None]
         snap = str(Path(snapshot_dir) / arm) if snapshot_dir else None
         ckpt = str(checkpoints[arm]) if checkpoints.get(arm) else None
         procs[arm] = ctx.Process(target=_arm_worker, name=f"seamkit-{arm}", daemon=True,
-                                 args=(arm, cfg.to_dict(), ckpt, q, go[arm], os.getpid(), slice_s, snap, keep, resume))
+                                 args=(arm, cfg.to_dict(), ckpt, q, go[arm], os.getpid(), slice_s, snap, keep, resume,
+                                       halt))
         procs[arm].start()
     results, ready, done, interrupted = {}, set(), set(), False
 
@@ -206,6 +221,7 @@ def run_arms(cfg: RunConfig, checkpoints: dict, callback: Callable[[dict], None]
         go[nxt].set()
 
     def interrupt() -> None:
+        halt.set()
         for p in procs.values():
             if p.is_alive():
                 with contextlib.suppress(ProcessLookupError):
@@ -213,6 +229,9 @@ def run_arms(cfg: RunConfig, checkpoints: dict, callback: Callable[[dict], None]
 
     try:
         while len(done) < len(arms):
+            if stop() and not interrupted:
+                interrupted = True
+                interrupt()
             try:
                 msg = q.get(timeout=0.2)
             except queue.Empty:

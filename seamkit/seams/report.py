@@ -22,6 +22,10 @@ OBJECTIVE_NAMES = {"aux_head": "greedy per-segment next-token head over the K mo
                    "shared_head": "the model's own final norm and LM head, shared by every segment"}
 
 
+WALL_CLOCK_NOTE = ("wall-clock dependent: the training clock set an LR or ended an arm, so the same command "
+                   "ends on other weights (set train.max_steps with a budget it never reaches for a repeatable run)")
+
+
 def _mem(r: dict) -> tuple[int | None, int | None]:
     """(peak, growth over the arm's baseline) of a report's arm block, as `ArmResult.memory`."""
     if r.get("peak_vram_bytes") is not None:
@@ -63,6 +67,7 @@ def report_arm(arm: str, r: ArmResult | None, costs: dict | None = None, peak: f
         "loss_curve_segments": [[round(v, 4) for v in seg] for seg in r.loss_curve_segments],
         "objective": r.objective, "segments": r.segments, "checkpoint": r.checkpoint,
         "epochs": _round(r.epochs, 4), "repeat_warning": r.repeat_warning,
+        "wall_clock_dependent": r.wall_clock_dependent,
     }
     if r.loss_curve_std is not None:
         out["loss_curve_std"] = [round(v, 4) for v in r.loss_curve_std]
@@ -75,6 +80,12 @@ def report_arm(arm: str, r: ArmResult | None, costs: dict | None = None, peak: f
         if peak:
             out["costs"]["mfu"] = COSTS.mfu(costs["flops_per_token"], r.tokens_per_s, peak)
     return out
+
+
+def _any_flag(flags) -> bool | None:
+    """True if any flag is, None when none is known."""
+    known = [f for f in flags if f is not None]
+    return any(known) if known else None
 
 
 def _ratio(a, b):
@@ -130,6 +141,8 @@ def build_report(cfg: RunConfig, results: dict, interrupted: bool = False, isola
         "matmul_peak": peak,
         "arm_isolation": "process" if isolated else "none",
         "checkpoints": {arm: a.get("checkpoint") for arm, a in arms.items()},
+        # the clock set an LR or ended an arm: the same command ends on other checkpoints
+        "wall_clock_dependent": _any_flag(a.get("wall_clock_dependent") for a in arms.values()),
         **provenance(cfg),
     }
 
@@ -165,6 +178,7 @@ def mean_result(rs: list[ArmResult | None]) -> ArmResult | None:
     tps = [s for r in done for s in (r.slices or [])]
     out.slices = _slices(tps) if tps else None
     out.status = next((r.status for r in ran if r.status != "complete"), "complete")
+    out.wall_clock_dependent = _any_flag(r.wall_clock_dependent for r in done)
     return out
 
 
@@ -288,5 +302,7 @@ def summary_table(report: dict) -> str:
             f"{a} {c['flops_per_token'] / 1e6:.2f} MFLOP/step-token, {c['params'] + c['aux_head_params']:,} params"
             + (f" (aux heads {c['aux_head_params']:,}, {c['aux_head_forward_share']:.0%} of forward FLOPs)"
                if c["aux_head_params"] else "") for a, c in costs.items()))
+    if report.get("wall_clock_dependent"):
+        lines.append(WALL_CLOCK_NOTE)
     lines.append(f"status: {report.get('status', 'complete')}")
     return "\n".join(lines)

@@ -46,6 +46,8 @@ class ArmResult:
     epochs: float | None = None  # passes over the training split
     repeat_warning: str | None = None
     checkpoint: str | None = None  # "path#id" of the last checkpoint
+    # the clock set an LR or ended the run (seamkit.loop): the same command ends on other weights
+    wall_clock_dependent: bool | None = None
     checkpoint_path: str | None = None
     failed_rank: int | None = None  # pipeline stages: the rank whose segment failed
     slices: list | dict | None = None  # interleaved study: tokens/s of each turn (a summary in a mean)

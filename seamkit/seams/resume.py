@@ -9,13 +9,17 @@ the seams study adds its slices and the snapshots kept for the equal-token view.
 continued from it takes the same steps on the same batches as one never stopped: with
 `max_steps` it ends on the same checkpoint id.
 
-The study also keeps `<checkpoints>/<stem>_study.json` (written atomically after each repeat
-and when it stops): every repeat's results so far. On resume, finished repeats are kept as
-they are, and in the first unfinished one the arms that ended (complete or failed) are kept
-and the others continue from their checkpoints (or start, when they never checkpointed).
+The study also keeps `<checkpoints>/<stem>_study.json` (written atomically when it starts, after
+each repeat and when it stops): every repeat's results so far. So a study killed before any arm
+checkpointed (SIGKILL, an OOM kill, a lost machine) can still be resumed. On resume, finished
+repeats are kept as they are, and in the first unfinished one the arms that ended (complete or
+failed) are kept and the others continue from their checkpoints (or start, when they never
+checkpointed).
 
 A resume folder that is missing, corrupt, or was written under another config is refused
-with one line (ResumeError, CheckpointError) before any training.
+with one line (ResumeError, CheckpointError) before any training, and before anything is
+created (`check_run`, `check_study`). A run or study starting or resuming first removes what
+writes of its own files left when their writer was killed (`clean_run`, `clean_study`).
 """
 
 from __future__ import annotations
@@ -73,6 +77,21 @@ def started_threads(paths) -> int:
     return 0
 
 
+def check_run(out_dir) -> Path:
+    """The checkpoint `seamkit train --resume out_dir` continues from; one line if there is none.
+    Reads only: nothing is created."""
+    path = Path(out_dir) / "checkpoint.pt"
+    if not path.is_file():
+        raise ResumeError(f"cannot resume {out_dir}: no checkpoint.pt there")
+    return path
+
+
+def clean_run(out_dir) -> None:
+    """Remove the temporaries that dead writers of a train run's files left in `out_dir`."""
+    for name in ("checkpoint.pt", "summary.json"):
+        checkpoint.remove_stale_temporaries(Path(out_dir) / name)
+
+
 def peek(path, cfg: RunConfig, arm: str) -> str:
     """The status an arm's checkpoint ended in, after checking it fits `cfg` and `arm` (tensors not read)."""
     path = Path(path)
@@ -122,14 +141,28 @@ def save_study(out_path, cfg: RunConfig, runs: list[dict]) -> None:
         json.dump({"config": cfg.to_dict(), "runs": plain}, f)
 
 
-def load_study(out_path, cfg: RunConfig) -> list[dict]:
-    """The runs a study resumed from `out_path` keeps; [] when none ended a repeat or an arm yet."""
+def check_study(out_path) -> None:
+    """Refuse, in one line, to resume a study that never started at `out_path` (no state file and
+    no checkpoints). Reads only: nothing is created."""
     path = study_state_path(out_path)
     ckpt_dir = path.parent
-    if not path.exists():
-        if not ckpt_dir.is_dir() or not any(ckpt_dir.glob(f"{Path(out_path).stem}_*.pt")):
-            raise ResumeError(f"cannot resume {out_path}: no study there (no {path.name} and no checkpoints "
-                              f"in {ckpt_dir})")
+    if not path.is_file() and not (ckpt_dir.is_dir() and any(ckpt_dir.glob(f"{Path(out_path).stem}_*.pt"))):
+        raise ResumeError(f"cannot resume {out_path}: no study there (no {path.name} and no checkpoints "
+                          f"in {ckpt_dir})")
+
+
+def clean_study(out_path, paths) -> None:
+    """Remove the temporaries that dead writers of a study's files left: its report, its state
+    and the checkpoints in `paths` (an arm's process killed mid-write leaves one)."""
+    for p in (Path(out_path), study_state_path(out_path), *paths):
+        checkpoint.remove_stale_temporaries(p)
+
+
+def load_study(out_path, cfg: RunConfig) -> list[dict]:
+    """The runs a study resumed from `out_path` keeps; [] when none ended a repeat or an arm yet."""
+    check_study(out_path)
+    path = study_state_path(out_path)
+    if not path.exists():  # checkpoints of a study older than its state file
         return []
     try:
         state = json.loads(path.read_text())

@@ -20,13 +20,13 @@ def train_run(cfg: RunConfig, out_dir, callback: Callable[[dict], None] | None =
 
     `resume`: continue the run that out_dir/checkpoint.pt stopped (`seams.resume`). Ctrl-C
     stops between steps (a second one at once), so the checkpoint it leaves can be resumed.
+    `summary["wall_clock_dependent"]`: the clock set an LR or ended the run (`seamkit.loop`), so
+    the same command ends on another checkpoint; False: the checkpoint is a function of the config.
     """
     out_dir = Path(out_dir)
     ckpt = None
     if resume:
-        path = out_dir / "checkpoint.pt"
-        if not path.exists():
-            raise R.ResumeError(f"cannot resume {out_dir}: no checkpoint.pt there")
+        path = R.check_run(out_dir)
         status = R.peek(path, cfg, "e2e")
         if status in R.ENDED:
             raise R.ResumeError(f"nothing to resume in {out_dir}: its run ended {status}")
@@ -34,6 +34,7 @@ def train_run(cfg: RunConfig, out_dir, callback: Callable[[dict], None] | None =
     if cfg.train.threads == 0:  # chosen once; a resumed run keeps the count it started with
         started = ckpt["run_config"].train.threads if ckpt is not None else 0
         cfg = override(cfg, {"train.threads": started or resolve_threads(0)})
+    R.clean_run(out_dir)
     cb = fanout(callback, ProgressBars() if progress else None)
     with R.sigint_stops() as stop:
         r = run_arm("e2e", cfg, callback=cb, checkpoint_path=out_dir / "checkpoint.pt", stop=stop, resume_from=ckpt)
@@ -43,6 +44,8 @@ def train_run(cfg: RunConfig, out_dir, callback: Callable[[dict], None] | None =
         "failed_step": r.failed_step, "checkpoint": r.checkpoint, "peak_vram_bytes": r.peak_vram_bytes,
         "batch": cfg.data.batch, "budget_seconds": cfg.train.budget_seconds,
         "epochs": r.epochs, "repeat_warning": r.repeat_warning,
+        # the clock set an LR or ended the run (seamkit.loop): the same command ends on other weights
+        "wall_clock_dependent": r.wall_clock_dependent,
         **{k: getattr(r, k) for k in ("loss_curve", "loss_curve_steps", "loss_curve_elapsed_s", "loss_curve_tokens")},
         **provenance(cfg),
     }

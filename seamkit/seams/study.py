@@ -100,6 +100,10 @@ def seams_study(cfg: RunConfig, out_path, callback: Callable[[dict], None] | Non
     multiprocessing `if __name__ == "__main__":` guard (notebooks and the CLI do not).
     `resume`: continue the study an earlier call with `out_path` stopped (`seams.resume`):
     finished repeats and ended arms are kept, the other arms go on from their checkpoints.
+
+    Ctrl-C (SIGINT) is this study's own for its whole run, whatever this process inherited (a
+    command started with `&` from a script starts with SIGINT ignored): the first stops the
+    arms between steps and writes an interrupted report, a second interrupts at once.
     """
     if cfg.seams.stages > 0:
         raise ConfigError("seams.stages > 0 asks for real pipeline stages (seamkit.seams.pipeline); seams_study runs "
@@ -107,11 +111,12 @@ def seams_study(cfg: RunConfig, out_path, callback: Callable[[dict], None] | Non
     out_path = Path(out_path)
     parse_seams(cfg.seams.seams, cfg.model.n_blocks)  # a bad seam spec fails before any training
     kept = R.load_study(out_path, cfg) if resume else []
+    ckpts = [{arm: checkpoint_path(out_path, arm, k) for arm in ARMS} for k in range(cfg.seams.repeats)]
     if resume:  # every checkpoint fits this config, before any training
-        for k in range(cfg.seams.repeats):
-            for arm in ARMS:
-                if checkpoint_path(out_path, arm, k).exists():
-                    R.peek(checkpoint_path(out_path, arm, k), override(cfg, {"train.seed": cfg.train.seed + k}), arm)
+        for k, paths in enumerate(ckpts):
+            for arm, path in paths.items():
+                if path.exists():
+                    R.peek(path, override(cfg, {"train.seed": cfg.train.seed + k}), arm)
     corpus = load_corpus(cfg.data)  # fills the cache once, and data errors surface here
     if cfg.train.threads == 0:  # chosen once, so both arms (and every repeat) get the same count
         started = R.started_threads([R.study_state_path(out_path)] + sorted(
@@ -120,6 +125,24 @@ def seams_study(cfg: RunConfig, out_path, callback: Callable[[dict], None] | Non
     torch.set_num_threads(cfg.train.threads)
     costs = arm_costs(cfg, corpus)
     peak = matmul_peak(resolve_device(cfg.train.device))
+    R.clean_study(out_path, [p for paths in ckpts for p in paths.values()])
+    if not resume:  # an earlier study's checkpoints here are not this one's to resume from
+        for paths in ckpts:
+            for path in paths.values():
+                path.unlink(missing_ok=True)
+    # the state from the start: a study killed before its arms checkpointed can still be resumed
+    R.save_study(out_path, cfg, kept)
+    with R.sigint_stops() as stop:
+        runs, interrupted = _repeats(cfg, corpus, out_path, ckpts, kept, callback, progress, isolate, resume, stop)
+    report = study_report(cfg, runs, interrupted, isolate, costs, peak)
+    report["corpus"] = corpus.summary()  # its size in tokens; each arm's `epochs` says how often it was read
+    write_report(out_path, report, "seams")
+    return report
+
+
+def _repeats(cfg: RunConfig, corpus, out_path: Path, ckpts: list[dict], kept: list[dict], callback, progress: bool,
+             isolate: bool, resume: bool, stop: Callable[[], bool]) -> tuple[list[dict], bool]:
+    """Every repeat in turn (kept ones as they are), the state saved after each; (runs, interrupted)."""
     bars = ProgressBars() if progress else None
     runs, interrupted = [], False
     for k in range(cfg.seams.repeats):
@@ -129,11 +152,13 @@ def seams_study(cfg: RunConfig, out_path, callback: Callable[[dict], None] | Non
         def cb(event, seed=seed):
             event = {**event, "seed": seed, "repeat": k}
             fanout(callback, bars)(event)
-        ckpts = {arm: checkpoint_path(out_path, arm, k) for arm in ARMS}
         prior = kept[k] if k < len(kept) else {}
         if prior.get("finished"):
             runs.append(prior)
             continue
+        if stop():  # Ctrl-C between repeats (or during the last one's held-out views)
+            interrupted = True
+            break
         # snapshots live beside the checkpoints until the repeat ends, so a resumed repeat still has them
         snap_dir = checkpoint_path(out_path, "snapshots", k).with_suffix("")
         if not resume:
@@ -142,17 +167,19 @@ def seams_study(cfg: RunConfig, out_path, callback: Callable[[dict], None] | Non
         todo = tuple(a for a in ARMS if a not in results)
         try:
             if isolate:
-                new, interrupted = A.run_arms(c, ckpts, cb, c.seams.order, snap_dir, arms=todo, resume=resume)
+                new, interrupted = A.run_arms(c, ckpts[k], cb, c.seams.order, snap_dir, arms=todo, resume=resume,
+                                              stop=stop)
                 results.update(new)
             else:
                 for arm in todo:
                     snaps = A.Snapshots(Path(snap_dir) / arm, 8 * c.seams.token_marks)
-                    ckpt = R.load_arm(ckpts[arm], c, arm) if resume and ckpts[arm].exists() else None
-                    if ckpt is not None and ckpt["extra"].get("snapshots"):
-                        snaps.g, snaps.kept = ckpt["extra"]["snapshots"]["g"], ckpt["extra"]["snapshots"]["kept"]
-                    results[arm] = run_arm(arm, c, corpus, callback=cb, checkpoint_path=ckpts[arm],
+                    path = ckpts[k][arm]
+                    ckpt = R.load_arm(path, c, arm) if resume and path.exists() else None
+                    if ckpt is not None:
+                        snaps.restore(ckpt["extra"].get("snapshots"))
+                    results[arm] = run_arm(arm, c, corpus, callback=cb, checkpoint_path=path, stop=stop,
                                            after_step=snaps, resume_from=ckpt,
-                                           save_extra=lambda s=snaps: {"snapshots": {"g": s.g, "kept": s.kept}})
+                                           save_extra=lambda s=snaps: {"snapshots": s.state()})
                     results[arm].snapshots = snaps.kept
                     if results[arm].status == "interrupted":
                         break
@@ -173,7 +200,4 @@ def seams_study(cfg: RunConfig, out_path, callback: Callable[[dict], None] | Non
         R.save_study(out_path, cfg, runs)
         if interrupted:
             break
-    report = study_report(cfg, runs, interrupted, isolate, costs, peak)
-    report["corpus"] = corpus.summary()  # its size in tokens; each arm's `epochs` says how often it was read
-    write_report(out_path, report, "seams")
-    return report
+    return runs, interrupted

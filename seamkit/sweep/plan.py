@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import os
 import re
 import shlex
@@ -26,12 +27,16 @@ from pathlib import Path
 from seamkit import config as C
 from seamkit.config import SeamkitError
 from seamkit.reproduce import NOTEBOOKS
+from seamkit.seams.cuts import parse_seams
 
 ROOT = NOTEBOOKS.parent
 STUDIES = {"seams": ("01_seams.ipynb", "seams.json"), "pruning": ("02_pruning.ipynb", "pruning.json")}
 SECTIONS = {"seams": ("train", "seams", "model", "data", "prune"), "pruning": ("prune", "train", "data", "model", "seams")}
 RESERVED = ("preset", "out_dir", "interactive", "overrides")
 IGNORED = ("train.threads",)  # how a point was run, not what it measures: a rerun with other --jobs still matches
+# config keys the sweep sets on every point itself: a --set of one would make every seed the same run
+OWNED = {"train.seed": "use --repeats", "seams.repeats": "a point runs one seed; use --repeats"}
+POINT_KEYS = ("id", "study", "dir", "grid", "seed", "parameters", "expect", "needs")
 
 
 class SweepError(SeamkitError):
@@ -60,6 +65,7 @@ def parse_grid(items: list[str]) -> dict[str, list]:
     """["seams=1,3,7", "objective=aux_head|shared_head"] -> {"seams": [1, 3, 7], ...}.
 
     Values split at "|" when the item has one (for values with commas: "seams=1,3|2,4"), else at ",".
+    An empty value is an error, never skipped: `none` asks for the preset's value.
     """
     grid: dict[str, list] = {}
     for item in items:
@@ -67,9 +73,11 @@ def parse_grid(items: list[str]) -> dict[str, list]:
             raise SweepError(f"--grid {item!r} must look like KEY=V1,V2,...")
         key, raw = (s.strip() for s in item.split("=", 1))
         parts = raw.split("|") if "|" in raw else raw.split(",")
-        values = [parse_value(p) for p in parts if p.strip()]
-        if not key or not values:
+        if not key or not any(p.strip() for p in parts):
             raise SweepError(f"--grid {item!r} names no key or no values")
+        if not all(p.strip() for p in parts):
+            raise SweepError(f"--grid {item!r} has an empty value (write none for the preset's value)")
+        values = [parse_value(p) for p in parts]
         if key in grid:
             raise SweepError(f"--grid {key} is given twice")
         if len(set(map(json.dumps, values))) != len(values):
@@ -112,12 +120,15 @@ def point_id(grid_values: dict, seed: int, prefix: str = "") -> str:
 def make_plan(study: str, grid: dict[str, list], out_dir, preset: str = "cpu", repeats: int = 1,
               overrides: dict | None = None, checkpoint: str | None = None, jobs: int = 1,
               threads: int | None = None, target: float | None = None) -> dict:
-    """Every point of the sweep with its papermill parameters; bad keys and values fail here, in one line.
+    """Every point of the sweep with its papermill parameters; bad keys and values fail here, in one line,
+    before anything is written.
 
     Grid keys that are parameters of the study's notebook go to it as parameters; any other
     key must be a config key and goes in `overrides`. Seeds are 0..repeats-1 (`train.seed`, or
     the notebook's `seed`). `checkpoint` (pruning): a checkpoint path, or "seams" to train one
     per seed in a seams point of this sweep. `threads` per point: default cores // jobs when jobs > 1.
+    Every point's whole config is built and checked as its notebook will build it, so a value
+    that fails for one point fails the sweep before any point runs.
     """
     if study not in STUDIES:
         raise SweepError(f"unknown study {study!r}; choose seams or pruning")
@@ -125,21 +136,20 @@ def make_plan(study: str, grid: dict[str, list], out_dir, preset: str = "cpu", r
         raise SweepError(f"--repeats must be >= 1, got {repeats}")
     if jobs < 1:
         raise SweepError(f"--jobs must be >= 1, got {jobs}")
+    check_target(target)
     C.preset(preset)
+    check_output(out_dir, "--out", folder=True)
     out_dir = Path(out_dir).resolve()
-    overrides = {k: parse_value(v) if isinstance(v, str) else v for k, v in (overrides or {}).items()}
-    if threads is None and jobs > 1 and "train.threads" not in overrides:
+    overrides = _fixed_overrides(overrides or {}, preset, study, checkpoint, threads)
+    params = notebook_parameters(study)
+    _check_grid_keys(grid, study, params, overrides)
+    if "train.threads" in {config_key(k, study) for k in grid}:
+        if threads is not None:
+            raise SweepError("--threads and --grid train.threads both set train.threads; give one")
+    elif threads is None and jobs > 1 and "train.threads" not in overrides:
         threads = max(1, (os.cpu_count() or 1) // jobs)
     if threads is not None:
         overrides["train.threads"] = threads
-    params = notebook_parameters(study)
-    for key in grid:
-        if key in RESERVED or key in ("seed", "train.seed", "checkpoint"):
-            hint = {"seed": "use --repeats", "train.seed": "use --repeats", "checkpoint": "use --checkpoint"}
-            raise SweepError(f"--grid {key}: not a sweep key ({hint.get(key, 'set by the sweep itself')})")
-        if key not in params and config_key(key, study) is None:
-            raise SweepError(f"--grid {key}: neither a parameter of {STUDIES[study][0]} "
-                             f"({', '.join(p for p in params if p not in RESERVED)}) nor a config key")
     needs_ckpt = "checkpoint" in params
     if needs_ckpt and checkpoint is None:
         raise SweepError(f"the {study} study needs --checkpoint PATH (or --checkpoint seams: one seams point per seed)")
@@ -175,25 +185,110 @@ def make_plan(study: str, grid: dict[str, list], out_dir, preset: str = "cpu", r
             "points": points}
 
 
+def check_target(target) -> None:
+    """--target: a training loss every arm could reach, so finite and above zero (a cross-entropy)."""
+    if target is not None and not (isinstance(target, (int, float)) and math.isfinite(target) and target > 0):
+        raise SweepError(f"--target must be a finite loss > 0, got {target}")
+
+
+def check_output(path, flag: str, folder: bool) -> None:
+    """Fail in one line, creating nothing, if `path` cannot become the sweep folder (`folder`) or a file."""
+    path = Path(path)
+    if path.exists() and folder and not path.is_dir():
+        raise SweepError(f"{flag} {path}: exists and is not a folder")
+    if path.is_dir() and not folder:
+        raise SweepError(f"{flag} {path}: is a folder; give a file path")
+    up = next(u for u in [path, *path.resolve().parents] if u.exists())
+    if not up.is_dir():
+        raise SweepError(f"{flag} {path}: {up} is not a folder")
+    if not os.access(up, os.W_OK | os.X_OK):
+        raise SweepError(f"{flag} {path}: {up} is not writable")
+
+
+def set_key(key: str) -> str:
+    """The dotted config key of a --set key: a bare name owned by one section gets its section."""
+    if "." in key:
+        return key
+    cfg = C.preset("tiny")
+    owners = [s for s, sub in vars(cfg).items() if hasattr(sub, "__dataclass_fields__") and C.name_in(sub, key)]
+    return f"{owners[0]}.{key}" if len(owners) == 1 else key
+
+
+def _fixed_overrides(overrides: dict, preset: str, study: str, checkpoint, threads) -> dict:
+    """--set as dotted keys with parsed values, checked once against the preset."""
+    fixed: dict = {}
+    for raw, value in overrides.items():
+        key = set_key(raw)
+        if key in fixed:
+            raise SweepError(f"--set {raw}: {key} is set twice")
+        if key in OWNED:
+            raise SweepError(f"--set {raw}: the sweep sets {key} on every point ({OWNED[key]})")
+        if key.startswith("model.") and study == "pruning" and checkpoint != "seams":
+            raise SweepError(f"--set {raw}: the pruning study takes its model from --checkpoint")
+        fixed[key] = parse_value(value) if isinstance(value, str) else value
+    if threads is not None and "train.threads" in fixed:
+        raise SweepError("--threads and --set train.threads both set train.threads; give one")
+    try:
+        C.override(C.preset(preset), fixed)
+    except C.ConfigError as e:
+        raise SweepError(f"--set: {e}") from None
+    return fixed
+
+
+def _check_grid_keys(grid: dict, study: str, params: list[str], overrides: dict) -> None:
+    """Each grid key is a sweep key, names one config key, and no other grid key or --set fixes it too:
+    a point's label is then the value it runs."""
+    owner: dict[str, str] = {}
+    for key in grid:
+        if key in RESERVED or key in ("seed", "train.seed", "checkpoint"):
+            hint = {"seed": "use --repeats", "train.seed": "use --repeats", "checkpoint": "use --checkpoint"}
+            raise SweepError(f"--grid {key}: not a sweep key ({hint.get(key, 'set by the sweep itself')})")
+        ck = config_key(key, study)
+        if key not in params and ck is None:
+            raise SweepError(f"--grid {key}: neither a parameter of {STUDIES[study][0]} "
+                             f"({', '.join(p for p in params if p not in RESERVED)}) nor a config key")
+        if ck is None:
+            continue
+        if ck in owner:
+            raise SweepError(f"--grid {owner[ck]} and --grid {key} both set {ck}; give one")
+        if ck in overrides:
+            raise SweepError(f"--grid {key} and --set {ck} both set {ck}: the points would run the --set "
+                             f"value under the grid's labels; give one")
+        if ck.startswith("model.") and study == "pruning":
+            raise SweepError(f"--grid {key}: the pruning study takes its model from its checkpoint")
+        owner[ck] = key
+
+
+def study_checks(study: str, cfg: C.RunConfig) -> None:
+    """What the study's notebook checks before it trains, beyond the config's own validation."""
+    if study == "seams":
+        if cfg.seams.stages > 0:
+            raise C.ConfigError(f"seams.stages={cfg.seams.stages}: the notebook runs both arms on one device "
+                                f"(real stages: `seamkit seams --stages`)")
+        parse_seams(cfg.seams.seams, cfg.model.n_blocks)
+
+
 def _point(study, gv, seed, preset, overrides, params, out_dir, prefix="") -> dict:
     """One point: papermill parameters, and `expect`, the config values its report must show."""
     pid = point_id(gv, seed, prefix)
     nb_params = {k: v for k, v in gv.items() if k in params}
-    ov = {**overrides, **{k: v for k, v in gv.items() if k not in params}}
+    ov = {**overrides, **{config_key(k, study): v for k, v in gv.items() if k not in params}}
     if "repeats" in params and "repeats" not in gv:
         nb_params["repeats"] = 1  # a point is one seed: the sweep's --repeats makes the seeds
     if "seed" in params:
         nb_params["seed"] = seed
     else:
         ov["train.seed"] = seed
-    settings = {config_key(k, study) or k: v for k, v in {**nb_params, **ov}.items() if v is not None}
-    mapped = {k: v for k, v in settings.items() if "." in k}
+    # what the notebook builds: its parameters as config keys, then `overrides` over them, None keeping the preset's
+    settings = {config_key(k, study): v for k, v in nb_params.items() if config_key(k, study)}
+    settings = {k: v for k, v in {**settings, **ov}.items() if v is not None}
     try:
-        cfg = C.override(C.preset(preset), mapped)
+        cfg = C.override(C.preset(preset), settings)
+        study_checks(study, cfg)
     except C.ConfigError as e:
         raise SweepError(f"point {pid}: {e}") from None
     expect = {}
-    for key in mapped:
+    for key in settings:
         if key not in IGNORED:
             sec, name = key.split(".", 1)
             expect[key] = getattr(getattr(cfg, sec), name)
@@ -201,6 +296,21 @@ def _point(study, gv, seed, preset, overrides, params, out_dir, prefix="") -> di
                   "out_dir": str(out_dir / "points" / pid)}
     return {"id": pid, "study": study, "dir": f"points/{pid}", "grid": gv, "seed": seed,
             "parameters": parameters, "expect": expect, "needs": None}
+
+
+def labels(point: dict, preset: str) -> dict[str, tuple[str, object]]:
+    """{config key: (label, value)}: what the point's grid values and seed say it ran, as its config holds
+    them (a label of None asks for the preset's value and says nothing)."""
+    out = {"train.seed": (f"seed={point['seed']}", point["seed"])}
+    for key, value in point["grid"].items():
+        ck = config_key(key, point["study"])
+        if ck is not None and value is not None:
+            sec, name = ck.split(".", 1)
+            try:
+                out[ck] = (f"{key}={value}", getattr(getattr(C.override(C.preset(preset), {ck: value}), sec), name))
+            except C.ConfigError:
+                out[ck] = (f"{key}={value}", value)
+    return out
 
 
 # ----------------------------------------------------------------------------- one point: its files and command
@@ -229,13 +339,39 @@ def point_command(out_dir, point: dict) -> str:
 
 
 def load_plan(out_dir) -> dict:
-    """DIR/plan.json, as `make_plan` made it."""
-    path = Path(out_dir) / "plan.json"
+    """DIR/plan.json, as `make_plan` made it; anything else fails in one line."""
+    folder = Path(out_dir)
+    if folder.exists() and not folder.is_dir():
+        raise SweepError(f"{folder}: a file, not a sweep folder")
+    path = folder / "plan.json"
     try:
-        return json.loads(path.read_text())
+        plan = json.loads(path.read_text())
     except FileNotFoundError:
         raise SweepError(f"{path}: no sweep plan here (write one with `seamkit sweep ... --out DIR` "
                          f"or `--emit-jobs FILE`)") from None
-    except ValueError as e:
-        raise SweepError(f"{path}: not valid JSON ({e})") from None
+    except (OSError, ValueError) as e:
+        raise SweepError(f"{path}: not a readable JSON file ({e})") from None
+    problem = _plan_problem(plan)
+    if problem:
+        raise SweepError(f"{path}: not a sweep plan ({problem})")
+    return plan
 
+
+def _plan_problem(plan) -> str | None:
+    """What makes `plan` unlike one `make_plan` wrote, or None."""
+    if not isinstance(plan, dict):
+        return f"a JSON {type(plan).__name__}, not an object"
+    if plan.get("study") not in STUDIES:
+        return f"study {plan.get('study')!r}, not one of {', '.join(STUDIES)}"
+    for key, typ in (("preset", str), ("grid", dict), ("seeds", list), ("overrides", dict), ("points", list)):
+        if not isinstance(plan.get(key), typ):
+            return f"{key} missing or not a {typ.__name__}"
+    for i, p in enumerate(plan["points"]):
+        if not isinstance(p, dict) or any(k not in p for k in POINT_KEYS):
+            return f"point {i} lacks one of {', '.join(POINT_KEYS)}"
+        if p["study"] not in STUDIES or not isinstance(p["grid"], dict) or not isinstance(p["expect"], dict) \
+                or not isinstance(p["parameters"], dict) or not isinstance(p["seed"], int):
+            return f"point {p['id']!r} is malformed"
+        if Path(p["dir"]).is_absolute() or ".." in Path(p["dir"]).parts:
+            return f"point {p['id']!r} has its folder outside the sweep"
+    return None

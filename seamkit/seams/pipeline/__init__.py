@@ -4,8 +4,9 @@ asynchronous local training.
 The one-process seams study (`seams.study`) counts the traffic across seams on paper. Here the two arms run as a
 real pipeline, one process per rank, and every message that crosses a seam is counted.
 
-What runs where (plan.py). With S ranks the local arm has S segments, cut at the S-1 seams of
-`seams.seams` when that names exactly S-1, else spread evenly. The e2e arm runs a
+What runs where (plan.py). With S ranks the local arm has S segments: `seams.seams` "all" (the
+default) spreads the S-1 seams evenly; a count or block indices must name exactly S-1 (anything
+else is refused before a process starts). The e2e arm runs a
 torch.distributed.pipelining schedule (`seams.pipeline_schedule`: gpipe, 1f1b, interleaved1f1b,
 interleavedzb, zbv, dualpipev) with `seams.micro_batches` M per step; the multi-stage schedules
 cut the model into 2S segments and put two on every rank. Every rank builds the whole GPT from

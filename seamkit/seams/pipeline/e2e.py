@@ -114,8 +114,8 @@ class E2ERun(RankRun):
             if how == "slow":
                 with self.compute:
                     time.sleep(SLOW_S)
-            if how == "nan":
-                self.segs[self.mine[0]].poison = True
+            if how and how.startswith("nan"):  # "nan" or "nan@K": the rank's first or K-th segment
+                self.segs[self.mine[int(how.partition("@")[2] or 0)]].poison = True
             losses: list = []
             with timed_pipeline_waits(self.wait):
                 self.sched.step(*((x_BT,) if 0 in self.mine else ()),

@@ -13,12 +13,14 @@ closed"). `launch` polls its children every 0.1 s: on the first death it stops t
 writes the report with that arm `failed` (rank, step, error) and raises DistError("rank K
 died: ..."); under torchrun, torchrun stops the others. Ctrl-C (SIGINT to rank 0) ends the arm
 between steps and the report says "interrupted"; a second Ctrl-C more than a second later
-stops at once, without a report.
+stops at once, without a report, as SIGTERM does. Whatever the end, the run folder (rendezvous
+files, logs) goes with it unless `keep_logs` asked for it.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import math
@@ -28,6 +30,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Callable
@@ -135,7 +138,7 @@ def _is_comm_error(msg: str) -> bool:
 
 def launch(cfg: RunConfig, out_path, stages: int | None = None, callback: Callable[[dict], None] | None = None,
            progress: bool = True, *, queue: int = 2, wire_dtype: str | None = None, timeout_s: float = 120.0,
-           save_state: str | None = None, arms=ARMS) -> dict:
+           save_state: str | None = None, arms=ARMS, keep_logs: bool = False) -> dict:
     """Run the seams study as `stages` real pipeline stages; returns the report.
 
     Each arm runs in S fresh processes (`python -m seamkit.seams.pipeline`, their own sessions,
@@ -147,6 +150,11 @@ def launch(cfg: RunConfig, out_path, stages: int | None = None, callback: Callab
     `queue`: local steps of sends in flight per stage; `wire_dtype`: what crosses a seam
     (default: the parameter dtype); `timeout_s`: the process-group timeout; `save_state`: a
     directory where each rank saves its segments' final weights (`{arm}-rank{k}.pt`).
+
+    The ranks' rendezvous files, logs and error files live in a `seamkit-dist-*` folder in the
+    temporary directory, removed however the launch ends (complete, failed, interrupted, a rank
+    dead, SIGTERM) unless `keep_logs`, when a failure's message names it. A rank's output is
+    echoed here as it comes, so the logs add nothing a user has not seen.
     """
     stages = stages or cfg.seams.stages
     if not stages:
@@ -158,8 +166,19 @@ def launch(cfg: RunConfig, out_path, stages: int | None = None, callback: Callab
         raise ConfigError(f"{stages} stages on CUDA need {stages} GPUs (one per rank, NCCL); "
                           f"this machine has {torch.cuda.device_count()}")
     load_corpus(cfg.data)  # fill the cache once here, not S times at once
-    out_path = Path(out_path)
-    rundir = Path(tempfile.mkdtemp(prefix="seamkit-dist-"))
+    with _sigterm_unwinds():
+        rundir = Path(tempfile.mkdtemp(prefix="seamkit-dist-"))
+        try:
+            return _launch_arms(cfg, plan, Path(out_path), rundir, callback, progress, threads, timeout_s,
+                                save_state, arms, keep_logs)
+        finally:
+            if not keep_logs:
+                shutil.rmtree(rundir, ignore_errors=True)
+
+
+def _launch_arms(cfg: RunConfig, plan, out_path: Path, rundir: Path, callback, progress: bool, threads: int,
+                 timeout_s: float, save_state, arms, keep_logs: bool) -> dict:
+    """`launch` once its run folder exists: the arms in turn, then the report."""
     (rundir / "config.json").write_text(C.dumps(cfg))
     cb = fanout(callback, ProgressBars() if progress else None)
     parts, backend, failure, error = {}, "gloo", None, None
@@ -181,9 +200,35 @@ def launch(cfg: RunConfig, out_path, stages: int | None = None, callback: Callab
         result = arm_result(arm, cfg, plan, parts[arm]) if arm in parts else None
         cb({"kind": "end", "arm": arm, "status": report["arms"][arm].get("status"), "result": result})
     if error is not None:
-        raise DistError(f"{error} (report: {out_path})")
-    shutil.rmtree(rundir, ignore_errors=True)
+        raise DistError(f"{error} (report: {out_path}" + (f"; logs in {rundir})" if keep_logs else ")"))
     return report
+
+
+class _Terminated(BaseException):
+    """SIGTERM during a launch (see `_sigterm_unwinds`)."""
+
+
+@contextlib.contextmanager
+def _sigterm_unwinds():
+    """SIGTERM (a scheduler's time limit) unwinds a launch as an exception does: the ranks are
+    stopped and the run folder removed, then the signal takes its default course (exit 143).
+    A SIGTERM handler someone else installed, or an ignored SIGTERM, is left as it is."""
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        yield
+        return
+
+    def handler(signum, frame):
+        raise _Terminated
+    signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    except _Terminated:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.raise_signal(signal.SIGTERM)
+        raise SystemExit(128 + signal.SIGTERM)  # only where the signal is blocked
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def _launch_arm(arm: str, plan, rundir: Path, cb, threads: int, timeout_s: float, save_state) -> dict:
@@ -293,7 +338,7 @@ def _death_message(dead: list[int], codes: list, rundir: Path, arm: str) -> str:
     if not (rundir / f"{arm}-rank{rank}.error.json").exists():  # killed: no file; leave one for the report
         (rundir / f"{arm}-rank{rank}.error.json").write_text(json.dumps(
             {"rank": rank, "time": 0.0, "error": why.rsplit(" (", 1)[0], "arm": arm, "step": None}))
-    return f"rank {rank} died: {why} (the other ranks were stopped; logs in {rundir})"
+    return f"rank {rank} died: {why} (the other ranks were stopped)"
 
 
 def _stop_all(procs, grace_s: float = 3.0) -> None:
@@ -390,7 +435,7 @@ def _cli_config(args) -> RunConfig:
 
 
 def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m seamkit.seams.pipeline", description="Seams as real pipeline stages")
+    ap = C.OneLineParser(prog="python -m seamkit.seams.pipeline", description="Seams as real pipeline stages")
     ap.add_argument("--preset", default="cpu", choices=sorted(C.PRESETS))
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     ap.add_argument("--budget", type=float, help="seconds per arm (train.budget_seconds)")
@@ -407,6 +452,8 @@ def parser() -> argparse.ArgumentParser:
                     help="dtype sent across seams (default: the parameter dtype, float32)")
     ap.add_argument("--timeout", type=float, default=120.0, help="process-group timeout, seconds")
     ap.add_argument("--save-state", dest="save_state", help="each rank saves its segments' weights here")
+    ap.add_argument("--keep-logs", dest="keep_logs", action="store_true",
+                    help="keep the ranks' logs and rendezvous files (a seamkit-dist-* folder in the temporary directory)")
     ap.add_argument("--config-json", dest="config_json", help=argparse.SUPPRESS)
     ap.add_argument("--part", help=argparse.SUPPRESS)
     ap.add_argument("--out", default="reports/seams_dist.json", help="report path")
@@ -420,7 +467,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = _cli_config(args)
         report = launch(cfg, args.out, args.stages or cfg.seams.stages, queue=args.queue,
-                        wire_dtype=args.wire_dtype, timeout_s=args.timeout, save_state=args.save_state)
+                        wire_dtype=args.wire_dtype, timeout_s=args.timeout, save_state=args.save_state,
+                        keep_logs=args.keep_logs)
     except SeamkitError as e:
         print(f"seamkit.seams.pipeline: error: {e}", file=sys.stderr)
         return 2

@@ -67,12 +67,22 @@ def placement(schedule: str, S: int) -> list[int]:
 
 
 def stage_seams(cfg: RunConfig, stages: int) -> list[int]:
-    """The S-1 seams: `seams.seams` when it names exactly S-1, else S-1 spread evenly."""
+    """The S-1 seams of the local arm on S stages.
+
+    `seams.seams` "all" (the default: a seam at every boundary there is) puts one at every stage
+    boundary, spread evenly. A count or a list of block indices must give exactly S segments:
+    anything else is refused, since replacing seams a user named would report other cuts."""
     n = cfg.model.n_blocks
     if not 1 <= stages <= n:
         raise ConfigError(f"seams.stages={stages}: a model of {n} blocks runs on 1..{n} stages")
+    if str(cfg.seams.seams).strip().lower() == "all":
+        return parse_seams(str(stages - 1), n)
     seams = parse_seams(cfg.seams.seams, n)
-    return seams if len(seams) == stages - 1 else parse_seams(str(stages - 1), n)
+    if len(seams) != stages - 1:
+        raise ConfigError(f"seams.seams={cfg.seams.seams!r} cuts the model into {len(seams) + 1} segments, but "
+                          f"{stages} stages run one each: name {stages - 1} seam(s), or leave seams.seams=all "
+                          f"to spread them evenly")
+    return seams
 
 
 # seams.pipeline_schedule=auto: the fastest e2e configuration bench/dist.py measured on CPU (bench/results/dist.json,

@@ -70,8 +70,9 @@ def fault(rank: int, step: int, arm: str) -> str | None:
     """Test hook: SEAMKIT_DIST_FAULT="RANK:STEP:HOW[:ARM]" plants a fault; STEP "*" is every step.
 
     HOW: "kill" (SIGKILL), "raise" (an exception), "nan" (a non-finite loss: e2e poisons the
-    rank's first segment's output, local the rank's own loss), "slow" (SLOW_S more compute).
-    Returns "nan" or "slow" for the caller to plant; kills or raises itself.
+    rank's first segment's output, local the rank's own loss), "nan@K" (e2e: the output of the
+    K-th segment this rank holds, counting from 0), "slow" (SLOW_S more compute).
+    Returns "nan", "nan@K" or "slow" for the caller to plant; kills or raises itself.
     """
     spec = os.environ.get("SEAMKIT_DIST_FAULT")
     if not spec:
@@ -160,8 +161,11 @@ class RankRun:
         self.extra = {"wire_steps": 0, "failed_here": False}
         self.loop(loop)
         self.wire.commit(0)
+        # the clock and both timers read at one point: evaluation below waits on the wire too, and
+        # its waits would otherwise count against a span that ended before them
         loop.run["elapsed_s"] = clock.elapsed()
-        run = loop.finish() | self.extra
+        timed = {"compute_s": self.compute.s, "wait_s": self.wait.s}
+        run = loop.finish() | self.extra | timed
         run["loss"] = loop.last["loss"] if loop.last else None  # this rank's own last loss
         run.update(memory.measure())
         WHERE["step"] = "evaluation"
@@ -223,7 +227,7 @@ class RankRun:
     # -- what rank 0 assembles
 
     def result(self, run: dict) -> dict:
-        compute, wait = self.compute.s, self.wait.s
+        compute, wait = run["compute_s"], run["wait_s"]
         return {
             "rank": self.rank, "pid": os.getpid(), "segments": [self.all_segs[v] for v in self.mine],
             "virtual": self.mine,

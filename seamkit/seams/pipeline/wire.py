@@ -13,9 +13,10 @@ local arm times its receives and the waits for its sends to be taken; the e2e ar
 `work.wait()` a pipelining schedule makes (`timed_pipeline_waits`, around the one function all
 schedules block through) and its all_reduce. On CUDA a wait is followed by
 `torch.cuda.synchronize`, because NCCL's wait only orders streams: the host clock then covers the
-transfer. Compute is timed separately (forward, loss, backward, optimizer), so
-compute + wait <= elapsed is a check, not an identity, and a rank held up by a slow neighbour
-shows it as wait.
+transfer. Compute is timed separately (forward, loss, backward, optimizer), in blocks that never
+hold a wait; both timers and the training clock read `time.perf_counter` and are read together
+when training ends (evaluation's waits come after). So compute + wait <= elapsed is a check, not
+an identity, exact up to float addition, and a rank held up by a slow neighbour shows it as wait.
 """
 
 from __future__ import annotations
