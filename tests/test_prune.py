@@ -15,6 +15,7 @@ from seamkit.data.windows import Window, make_windows
 from seamkit.model import GPT, IGNORE
 from seamkit.optim import make_optimizer
 from seamkit.pruning import bitwise as prune_bitwise
+from seamkit.pruning import gemm
 from seamkit.pruning import rules as prune
 from seamkit.pruning.step import Stepper, mode_loss
 
@@ -211,7 +212,7 @@ def test_row_subset_gemms_are_tried_not_trusted(model, monkeypatch):
     """With no padding (as if this CPU's few-rows threshold were unknown), windows of 1-3 targets
     still give the unpruned bits: `rows_exact` finds the GEMM shapes whose kept rows alone take
     another path and runs them over all N rows. Fails if the row shortcut is trusted untried."""
-    monkeypatch.setattr(prune_bitwise, "min_gemm_rows", lambda: 1)
+    monkeypatch.setattr(gemm, "min_gemm_rows", lambda: 1)
     for k in (1, 2, 3):
         w = make_window([40, 30, 50], lambda d, i, L, k=k: d == 1 and i < k)
         loss_b, g_b = grads_of(model, lambda: prune.base_loss(model, w))
@@ -334,17 +335,17 @@ def test_gemm_calibration_detects_a_wrong_block_structure(monkeypatch):
     g = torch.Generator().manual_seed(0)
     N, rows = 500, torch.sort(torch.randperm(500, generator=g)[:260]).values
     x, y = torch.randn(260, 32, generator=g), torch.randn(260, 96, generator=g)
-    full = prune_bitwise._full_wgrad(x, y, rows, N)
-    kc = prune_bitwise.calibrate_gemm(N, 96, 32, torch.float32, "cpu", rows)
+    full = gemm.full_wgrad(x, y, rows, N)
+    kc = gemm.calibrate_gemm(N, 96, 32, torch.float32, "cpu", rows)
     if kc is not None:
-        assert torch.equal(prune_bitwise._blocked_wgrad(x, y, prune_bitwise._spans(rows, prune_bitwise.gemm_blocks(N, kc))), full)
-    one_row_blocks = prune_bitwise._blocked_wgrad(x, y, prune_bitwise._spans(rows, prune_bitwise.gemm_blocks(N, 1)))
+        assert torch.equal(gemm.blocked_wgrad(x, y, gemm.block_spans(rows, gemm.gemm_blocks(N, kc))), full)
+    one_row_blocks = gemm.blocked_wgrad(x, y, gemm.block_spans(rows, gemm.gemm_blocks(N, 1)))
     assert not torch.equal(one_row_blocks, full)  # rank-1 blocks round differently
-    monkeypatch.setattr(prune_bitwise, "_CANDIDATE_BLOCKS", (1,))
-    assert prune_bitwise.calibrate_gemm(N, 96, 32, torch.float32, "cpu", rows) is None
+    monkeypatch.setattr(gemm, "_CANDIDATE_BLOCKS", (1,))
+    assert gemm.calibrate_gemm(N, 96, 32, torch.float32, "cpu", rows) is None
 
 
 def test_gemm_blocks_shape():
-    assert prune_bitwise.gemm_blocks(100, 192) == [(0, 100)]
-    assert prune_bitwise.gemm_blocks(257, 192) == [(0, 128), (128, 256), (256, 257)]
-    assert prune_bitwise.gemm_blocks(1000, 192)[-1] == (960, 1000) and len(prune_bitwise.gemm_blocks(1000, 192)) == 6
+    assert gemm.gemm_blocks(100, 192) == [(0, 100)]
+    assert gemm.gemm_blocks(257, 192) == [(0, 128), (128, 256), (256, 257)]
+    assert gemm.gemm_blocks(1000, 192)[-1] == (960, 1000) and len(gemm.gemm_blocks(1000, 192)) == 6

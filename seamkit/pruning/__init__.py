@@ -3,6 +3,7 @@ prove it against a compiled, unpruned reference step.
 
 Modules, each importing only those above it:
 - `rules`: which positions reach the loss, the plan, the pruned step (exact in arithmetic), FLOPs.
+- `gemm`: the bitwise step's GEMMs (weight gradients in the BLAS's token blocks, row subsets tried).
 - `bitwise`: the pruned step arranged to match the unpruned step bit for bit on this CPU.
 - `step`: one training step from the checkpoint (`Stepper`), and the step each mode runs.
 - `compare`: the four differences between two steps, and what a step ran (`stats`).
