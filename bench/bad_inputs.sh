@@ -13,7 +13,7 @@ cd "$WORK"
 bad=0
 printf '' > empty.jsonl; printf 'not json\n' > bad.jsonl; printf '{"text":"hello world"}\n%.0s' {1..50} > ok.jsonl; gzip -c ok.jsonl | head -c 30 > trunc.jsonl.gz
 touch afile
-run() {  # name, then the command; checks exit != 0, <= 3 stderr lines, no new entries in /tmp/probe
+run() {  # name, then the command; checks exit != 0, <= 3 stderr lines, no new entries in the work folder
   local name=$1; shift
   local before=$(ls -A | sort)
   "$@" > out.txt 2> err.txt; local rc=$?

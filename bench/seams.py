@@ -455,9 +455,10 @@ def main(argv=None) -> int:
 
     # 2. budget runs, each arm in its own process (peak RSS per arm)
     def budget_run(name, c):
-        r, _ = A.run_arm_isolated(name, c)
-        r["mem"] = r.peak_vram_bytes if r.peak_vram_bytes is not None else r.peak_rss_bytes
-        r["mem_train"] = r["mem"] - r.rss_start_bytes if r.peak_vram_bytes is None else r["mem"]
+        res, _ = A.run_arm_isolated(name, c)
+        mem = res.peak_vram_bytes if res.peak_vram_bytes is not None else res.peak_rss_bytes
+        r = {"steps": res.steps, "tokens_per_s": res.tokens_per_s, "final_loss": res.final_loss, "mem": mem,
+             "mem_train": mem - res.rss_start_bytes if res.peak_vram_bytes is None else mem}
         label = f"{name} {c.seams.objective} {c.seams.seams}" if name == "local" else name
         print(f"  budget run {label}: {r['steps']} steps, {r['tokens_per_s']:,.0f} tok/s, final loss "
               f"{r['final_loss']:.4f}, peak {r['mem'] / 2**20:.0f} MiB (+{r['mem_train'] / 2**20:.0f} MiB "

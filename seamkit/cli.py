@@ -164,11 +164,13 @@ def cmd_prune_check(args) -> int:
     from seamkit.checkpoint import check_overrides
     from seamkit.pruning.study import prune_check, summary_table
     cfg = build_config(args)
-    check_overrides(args.checkpoint, C.parse_overrides(args.overrides))
-    check_writable(args.out)
-    # the checkpoint's corpus unless --set data.corpus names another (of the checkpoint's tokenizer)
-    corpus = cfg.data.corpus if "data.corpus" in C.parse_overrides(args.overrides) else None
-    report = prune_check(cfg, Path(args.checkpoint), Path(args.out), corpus=corpus)
+    overrides = C.parse_overrides(args.overrides)
+    check_overrides(args.checkpoint, overrides)
+    # the checkpoint's corpus unless --set names another (of the checkpoint's tokenizer), bare key or dotted
+    named = any(C.dotted_key(cfg, k) == "data.corpus" for k in overrides)
+    with _made_dirs_go_on_error(Path(args.out).parent):
+        check_writable(args.out)
+        report = prune_check(cfg, Path(args.checkpoint), Path(args.out), corpus=cfg.data.corpus if named else None)
     print(summary_table(report))
     print(f"report: {args.out}")
     return 0 if report.get("status") == "complete" else 1
@@ -176,8 +178,9 @@ def cmd_prune_check(args) -> int:
 
 def cmd_reproduce(args) -> int:
     from seamkit.reproduce import reproduce
-    check_writable(args.out, directory=True)
-    summary = reproduce(preset=args.preset, out_dir=Path(args.out), overrides=C.parse_overrides(args.overrides))
+    with _made_dirs_go_on_error(args.out):
+        check_writable(args.out, directory=True)
+        summary = reproduce(preset=args.preset, out_dir=Path(args.out), overrides=C.parse_overrides(args.overrides))
     print(summary)
     return 0
 

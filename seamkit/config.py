@@ -34,6 +34,11 @@ class ConfigError(SeamkitError, ValueError):
     """A config a user can fix."""
 
 
+def _num(v: float) -> str:
+    """A bound as a user types it: whole numbers in full (2147483647, not 2.14748e+09)."""
+    return str(int(v)) if float(v).is_integer() else f"{v:g}"
+
+
 @dataclass(frozen=True)
 class Range:
     """The values a numeric field may take: bounds that are None are open-ended."""
@@ -47,8 +52,8 @@ class Range:
                 and (self.lt is None or v < self.lt) and (self.le is None or v <= self.le))
 
     def __str__(self) -> str:
-        lo = f"({self.gt:g}" if self.gt is not None else f"[{self.ge:g}" if self.ge is not None else None
-        hi = f"{self.lt:g})" if self.lt is not None else f"{self.le:g}]" if self.le is not None else None
+        lo = f"({_num(self.gt)}" if self.gt is not None else f"[{_num(self.ge)}" if self.ge is not None else None
+        hi = f"{_num(self.lt)})" if self.lt is not None else f"{_num(self.le)}]" if self.le is not None else None
         if lo and hi:
             return f"in {lo}, {hi}"
         if lo:
@@ -133,7 +138,7 @@ class TrainConfig:
     beta1: float = ranged(0.9, ge=0, lt=1)  # AdamW first-moment decay
     beta2: float = ranged(0.95, ge=0, lt=1)  # AdamW second-moment decay
     grad_clip: float = ranged(1.0, ge=0)  # global-norm clip; 0 disables
-    seed: int = ranged(0, ge=0)  # weights, data order and random loss masks (numpy seeds are unsigned)
+    seed: int = ranged(0, ge=0, le=2**31 - 1)  # weights, data order and random loss masks (what every RNG takes)
     device: str = "auto"  # "auto" (cuda if present), "cpu" or "cuda"
     dtype: str = "float32"  # parameter dtype on CPU; on CUDA float32 weights run under bf16 autocast
     threads: int = ranged(0, ge=0)  # torch threads; 0: cores other processes leave free (seamkit.threads), cores/S on stages
@@ -342,28 +347,43 @@ def override(cfg: RunConfig, overrides: dict | None = None, **kw) -> RunConfig:
     """
     items = dict(overrides or {})
     items.update(kw)
-    sections = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)
-                if dataclasses.is_dataclass(getattr(cfg, f.name))}
+    sections = _sections(cfg)
     new = {name: dataclasses.asdict(sec) for name, sec in sections.items()}
     top = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg) if f.name not in sections}
     for key, value in items.items():
-        if "." in key:
-            sec, name = key.split(".", 1)
-        else:
-            owners = [s for s, sub in sections.items() if name_in(sub, key)]
-            if key in top:
-                top[key] = _coerce(value, str, key)
-                continue
-            if len(owners) != 1:
-                raise ConfigError(f"unknown config key {key!r}" if not owners else
-                                  f"ambiguous config key {key!r}: say {' or '.join(o + '.' + key for o in owners)}")
-            sec, name = owners[0], key
-        if sec not in sections or not name_in(sections[sec], name):
-            raise ConfigError(f"unknown config key {key!r}")
+        key = dotted_key(cfg, key)
+        if "." not in key:  # a top-level field (preset)
+            top[key] = _coerce(value, str, key)
+            continue
+        sec, name = key.split(".", 1)
         hints = typing.get_type_hints(type(sections[sec]))
         new[sec][name] = _coerce(value, hints[name], f"{sec}.{name}")
     built = {name: type(sec)(**new[name]) for name, sec in sections.items()}
     return RunConfig(**built, **top)
+
+
+def _sections(cfg: RunConfig) -> dict:
+    return {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)
+            if dataclasses.is_dataclass(getattr(cfg, f.name))}
+
+
+def dotted_key(cfg: RunConfig, key: str) -> str:
+    """The key `override` sets for `key`: "dim" -> "model.dim"; a top-level field stays bare.
+    Unknown and ambiguous keys raise ConfigError."""
+    sections = _sections(cfg)
+    if "." in key:
+        sec, name = key.split(".", 1)
+    elif key in {f.name for f in dataclasses.fields(cfg)} and key not in sections:
+        return key
+    else:
+        owners = [s for s, sub in sections.items() if name_in(sub, key)]
+        if len(owners) != 1:
+            raise ConfigError(f"unknown config key {key!r}" if not owners else
+                              f"ambiguous config key {key!r}: say {' or '.join(o + '.' + key for o in owners)}")
+        sec, name = owners[0], key
+    if sec not in sections or not name_in(sections[sec], name):
+        raise ConfigError(f"unknown config key {key!r}")
+    return f"{sec}.{name}"
 
 
 def name_in(section, key: str) -> bool:

@@ -620,4 +620,6 @@ def test_pipeline_and_one_device_reports_have_one_key_tree(two, tmp_path):
             if p[k] is not None and o[k] is not None and k not in ("checkpoint",):
                 assert type(p[k]) is type(o[k]), (arm, k, p[k], o[k])
     assert set(pipe["local_over_e2e"]) == set(one["local_over_e2e"])
+    for arm in ("e2e", "local"):  # a steps schedule under max_steps: neither clock decided anything
+        assert pipe["arms"][arm]["wall_clock_dependent"] is False and one["arms"][arm]["wall_clock_dependent"] is False
     assert pipe["lr_schedule"] == one["lr_schedule"] == "steps" and "schedule" not in pipe and "schedule" not in one

@@ -1,6 +1,7 @@
 """study.py and arms.py: the seams study's repeats, statistics, equal-token and time-to-target views,
 the report, and the arms' processes taking turns (tiny preset, CPU)."""
 
+import dataclasses
 import json
 import math
 import os
@@ -209,3 +210,13 @@ def test_the_study_aggregate_and_a_sweep_grid_point_give_one_interval():
                                                          "local_over_e2e": {}}} for k, v in enumerate(losses)]
     sweep = aggregate(plan, points)["aggregate"][0]["figures"]["local_final_loss"]
     assert study == sweep and study["ci95"] is not None and study["n"] == 3
+
+
+def test_an_arm_result_saved_by_an_earlier_version_loads_and_a_lost_held_out_loss_compares_nothing():
+    r = _fake_result("e2e", 0, 2.0, 1000.0)
+    assert ArmResult.from_dict({**r.to_dict(), "final_ppl": r.final_ppl}) == r  # derived keys of old state files
+    lost = dataclasses.replace(r, arm="local", final_loss=None)  # complete, but its held-out loss was not finite
+    assert S.held_out_views(C.tiny(), None, {"e2e": r, "local": lost}) == {"equal_tokens": [], "time_to_target": None}
+    runs = [{"seed": 0, "results": {"e2e": r, "local": lost}, "views": {"equal_tokens": [], "time_to_target": None}}]
+    rep = REP.study_report(C.tiny(), runs, False, True, {}, None)
+    assert rep["aggregate"]["repeats_complete"] == 0 and rep["aggregate"]["paired"]["loss_gap_local_minus_e2e"] is None

@@ -321,6 +321,8 @@ PLANS = {"PLAN_OBJECT": {}, "PLAN_LIST": [], "PLAN_STUDY": {"study": "seams"},
 @pytest.mark.parametrize("argv, message", [
     (["seams", "--grid", "wings=1,2"], "--grid wings: neither a parameter of 01_seams.ipynb"),
     (["seams", "--grid", "seed=1,2"], "--grid seed: not a sweep key (use --repeats)"),
+    (["seams", "--grid", "repeats=1,3"], "--grid repeats: the sweep sets seams.repeats on every point"),
+    (["seams", "--grid", "seams.repeats=2,3"], "--grid seams.repeats: the sweep sets seams.repeats on every point"),
     (["seams", "--grid", "objective=aux_head,nope"], "point objective=nope__seed=0: seams.objective must be one of"),
     (["pruning", "--grid", "policy=all"], "the pruning study needs --checkpoint PATH"),
     (["pruning", "--grid", "model.dim=8,16", "--checkpoint", "FILE"], "takes its model from its checkpoint"),

@@ -481,8 +481,10 @@ def test_prune_check_reads_the_corpus_the_command_names(token_checkpoint, token_
     capsys.readouterr()
 
     no_meta = _broken_copy(token_dir, tmp_path / "a", lambda root: (root / "meta.json").unlink())
-    assert _prune_check(token_checkpoint, tmp_path / "x.json", f"data.corpus={no_meta}") == 2
-    assert f"{no_meta}: not a token corpus (no meta.json" in one_line_error(capsys.readouterr().err, "prune-check")
+    for key in ("data.corpus", "corpus"):  # the bare key names the same field
+        assert _prune_check(token_checkpoint, tmp_path / "new" / "x.json", f"{key}={no_meta}") == 2
+        assert f"{no_meta}: not a token corpus (no meta.json" in one_line_error(capsys.readouterr().err, "prune-check")
+        assert not (tmp_path / "new").exists()  # the folder the output check made went with the error
 
     qwen = tmp_path / "qwen"
     tokens.prepare([write_corpus(tmp_path / "q.jsonl", lemma_docs(5))], "qwen", qwen, workers=1, progress=False)

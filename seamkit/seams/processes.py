@@ -282,7 +282,7 @@ def run_arms(cfg: RunConfig, checkpoints: dict, callback: Callable[[dict], None]
 
 def run_arm_isolated(arm: str, cfg: RunConfig, checkpoint_path=None,
                      callback: Callable[[dict], None] | None = None) -> tuple[dict, bool]:
-    """One arm alone in its own process (bench/seams.py's budget runs). Returns (result, interrupted)."""
+    """One arm alone in its own process (bench/seams.py's budget runs). Returns (its ArmResult, interrupted)."""
     ctx = mp.get_context("spawn")
     q, go = ctx.Queue(), ctx.Event()
     go.set()  # the only arm: it always holds the turn

@@ -194,7 +194,9 @@ def study_report(cfg: RunConfig, runs: list[dict], interrupted: bool, isolated: 
         for a in ARMS:
             one[a].pop("loss_curve_segments", None)
         repeats.append({"seed": r["seed"], "arms": one, **r["views"]})
-    done = [r for r in runs if all(a in r["results"] and r["results"][a].status == "complete" for a in ARMS)]
+    # seeds whose arms both completed with a finite held-out loss: the pairs the aggregate compares
+    done = [r for r in runs if all(a in r["results"] and r["results"][a].status == "complete"
+                                   and r["results"][a].final_loss is not None for a in ARMS)]
 
     def per(arm, fn):
         return stats([fn(r["results"][arm]) for r in done])

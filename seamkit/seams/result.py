@@ -69,7 +69,10 @@ class ArmResult:
 
     @classmethod
     def from_dict(cls, d: dict) -> "ArmResult":
-        return cls(**d)
+        """From `to_dict()` or an earlier seamkit's arm dict: keys that are no fields (`final_ppl`,
+        derived here) are dropped."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in names})
 
 
 def curve(points: list[dict]) -> dict:

@@ -62,7 +62,8 @@ def equal_token_marks(snapshots: dict, steps: dict, marks: int) -> list[int]:
 
 def held_out_views(cfg: RunConfig, corpus, results: dict) -> dict:
     """The equal-token table and time to target of one seed, from the arms' snapshots."""
-    if not all(a in results and results[a].status == "complete" for a in ARMS):
+    if not all(a in results and results[a].status == "complete" and results[a].final_loss is not None
+               for a in ARMS):  # a held-out loss that was not finite: nothing to compare against
         return {"equal_tokens": [], "time_to_target": None}
     device = resolve_device(cfg.train.device)
     batches = held_out(corpus, cfg, device=device)

@@ -244,6 +244,9 @@ def _check_grid_keys(grid: dict, study: str, params: list[str], overrides: dict)
             hint = {"seed": "use --repeats", "train.seed": "use --repeats", "checkpoint": "use --checkpoint"}
             raise SweepError(f"--grid {key}: not a sweep key ({hint.get(key, 'set by the sweep itself')})")
         ck = config_key(key, study)
+        if key == "repeats" or ck in OWNED:
+            raise SweepError(f"--grid {key}: the sweep sets {ck or 'seams.repeats'} on every point "
+                             f"({OWNED.get(ck, OWNED['seams.repeats'])})")
         if key not in params and ck is None:
             raise SweepError(f"--grid {key}: neither a parameter of {STUDIES[study][0]} "
                              f"({', '.join(p for p in params if p not in RESERVED)}) nor a config key")

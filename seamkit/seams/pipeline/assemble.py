@@ -45,7 +45,9 @@ def arm_result(arm: str, cfg: RunConfig, plan: Plan, ranks: list[dict]) -> ArmRe
         lr_final=lossr["lr_final"], max_step_s=max(r["max_step_s"] for r in ranks),
         failed_step=culprit["failed_step"] if culprit else None, failed_rank=culprit["rank"] if culprit else None,
         objective=cfg.seams.objective if arm == "local" else None,
-        segments=plan.segs if arm == "local" else [list(range(cfg.model.n_blocks))], **curve(lossr["points"]))
+        segments=plan.segs if arm == "local" else [list(range(cfg.model.n_blocks))], **curve(lossr["points"]),
+        # rank 0 alone sees the clock end the run; any rank's clock may set its LR
+        wall_clock_dependent=any(r["wall_clock_dependent"] for r in ranks))
 
 
 def assemble(cfg: RunConfig, plan: Plan, parts: dict, backend: str, isolation: str,

@@ -238,7 +238,7 @@ class RankRun:
             "loss": run["loss"], "final_loss": run["final_loss"], "final_loss_stderr": run["final_loss_stderr"],
             "eval_tokens": run["eval_tokens"],
             **{k: run[k] for k in ("peak_rss_bytes", "rss_start_bytes", "rss_growth_bytes", "peak_vram_bytes",
-                                   "vram_growth_bytes", "lr_final")},
+                                   "vram_growth_bytes", "lr_final", "wall_clock_dependent")},
             "points": run["points"] if self.rank == self.loss_rank else [], "traffic": self.tally.counts(),
         }
 
