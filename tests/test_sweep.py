@@ -236,37 +236,46 @@ def test_failed_point_is_recorded_and_the_others_complete(emitted, tmp_path):
                                                                      "seams=99__seed=0": "failed"}
 
 
-@pytest.mark.parametrize("sig, code, last", [(signal.SIGINT, 130, "seamkit sweep: interrupted"),
-                                             (signal.SIGTERM, 143, "recorded as interrupted")])
-def test_a_signal_stops_every_process_and_writes_what_is_done(tmp_path, sig, code, last):
-    d = tmp_path / "stopped"
-    cmd = [sys.executable, "-m", "seamkit", "sweep", "seams", "--grid", "seams=1,2", "--preset", "tiny",
-           "--threads", "1", "--set", "train.budget_seconds=60", "--out", str(d)]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=default_sigint)
-    folder = d / "points" / "seams=1__seed=0"
-    log = folder / "point.log"
-    deadline = time.monotonic() + 120
-    while not (log.exists() and "e2e (seed 0): training for" in log.read_text()) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert proc.poll() is None and time.monotonic() < deadline, (log.read_text()[-2000:], proc.poll())
-    time.sleep(1.0)  # inside the e2e arm
-    children = S.marked_processes({str(folder)})
-    assert len(children) >= 4, children  # papermill, its kernel and both arms carry the point's marker
-    proc.send_signal(sig)
-    _, err = proc.communicate(timeout=120)
-    assert proc.returncode == code and err.strip().endswith(last), err[-2000:]
-    deadline = time.monotonic() + 5
-    while [p for p in children if _alive(p)] and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not [p for p in children if _alive(p)] and not S.marked_processes({str(folder)})
-    sweep = json.loads((d / "sweep.json").read_text())
-    assert sweep["counts"] == {"complete": 0, "failed": 0, "interrupted": 1, "pending": 1}
-    stopped = next(p for p in sweep["points"] if p["id"] == "seams=1__seed=0")
-    assert stopped["status"] == "interrupted" and stopped["error"].startswith("stopped by")
-    assert not list(d.rglob(".*.partial.ipynb")) and not list(d.rglob(".*.tmp"))
-    report = load_report(folder / "seams.json", "seams")  # whole, written as it stopped
-    assert report["status"] == "interrupted" and report["arms"]["e2e"]["status"] == "interrupted"
+SIGNALS = [(signal.SIGINT, 130, "seamkit sweep: interrupted"), (signal.SIGTERM, 143, "recorded as interrupted")]
+
+
+def test_a_signal_stops_every_process_and_writes_what_is_done(tmp_path):
+    """Ctrl-C (130) and SIGTERM, as a scheduler sends at a time limit (143), each to a sweep of its
+    own; the two sweeps run at once, so the suite pays for one papermill start-up, not two."""
+    runs = []
+    for sig, code, last in SIGNALS:
+        d = tmp_path / f"stopped_{code}"
+        cmd = [sys.executable, "-m", "seamkit", "sweep", "seams", "--grid", "seams=1,2", "--preset", "tiny",
+               "--threads", "1", "--set", "train.budget_seconds=60", "--out", str(d)]
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                preexec_fn=default_sigint)
+        runs.append((sig, code, last, d, proc, d / "points" / "seams=1__seed=0"))
+    deadline = time.monotonic() + 150
+    for *_, proc, folder in runs:
+        log = folder / "point.log"
+        while not (log.exists() and "e2e (seed 0): training for" in log.read_text()) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert proc.poll() is None and time.monotonic() < deadline, (log.read_text()[-2000:], proc.poll())
+    time.sleep(1.0)  # inside the e2e arms
+    children = {}
+    for sig, code, last, d, proc, folder in runs:
+        children[code] = S.marked_processes({str(folder)})
+        assert len(children[code]) >= 4, children  # papermill, its kernel and both arms carry the point's marker
+        proc.send_signal(sig)
+    for sig, code, last, d, proc, folder in runs:
+        _, err = proc.communicate(timeout=120)
+        assert proc.returncode == code and err.strip().endswith(last), err[-2000:]
+        deadline = time.monotonic() + 5
+        while [p for p in children[code] if _alive(p)] and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not [p for p in children[code] if _alive(p)] and not S.marked_processes({str(folder)})
+        sweep = json.loads((d / "sweep.json").read_text())
+        assert sweep["counts"] == {"complete": 0, "failed": 0, "interrupted": 1, "pending": 1}
+        stopped = next(p for p in sweep["points"] if p["id"] == "seams=1__seed=0")
+        assert stopped["status"] == "interrupted" and stopped["error"].startswith("stopped by")
+        assert not list(d.rglob(".*.partial.ipynb")) and not list(d.rglob(".*.tmp"))
+        report = load_report(folder / "seams.json", "seams")  # whole, written as it stopped
+        assert report["status"] == "interrupted" and report["arms"]["e2e"]["status"] == "interrupted"
 
 
 def _alive(pid: int) -> bool:
@@ -370,7 +379,7 @@ def _config_params(study: str) -> list[tuple[str, str, object]]:
     out = []
     for name in P.notebook_parameters(study):
         key = P.config_key(name, study)
-        if key and name not in ("seed", "checkpoint"):
+        if key and name not in ("seed", "checkpoint") and key not in P.OWNED:  # the sweep sets those itself
             sec, field = key.split(".")
             out.append((name, key, getattr(getattr(cfg, sec), field)))
     return out
