@@ -51,12 +51,14 @@ def arm_result(arm: str, cfg: RunConfig, plan: Plan, ranks: list[dict]) -> ArmRe
 
 
 def assemble(cfg: RunConfig, plan: Plan, parts: dict, backend: str, isolation: str,
-             failure: dict | None = None) -> dict:
+             failure: dict | None = None, results: dict | None = None) -> dict:
     """The report. `parts`: arm -> the ranks' results; `failure`: a rank that raised or died
-    ({"arm", "rank", "step", "error"}), which makes its arm `failed` without per-rank results."""
+    ({"arm", "rank", "step", "error"}), which makes its arm `failed` without per-rank results;
+    `results`: each arm's `arm_result` of its parts, where the caller has them already."""
     seams_cfg = C.override(cfg, {"seams.seams": ",".join(map(str, plan.seams)) or "none",
                                  "seams.stages": plan.stages})
-    results = {arm: arm_result(arm, cfg, plan, ranks) for arm, ranks in parts.items()}
+    if results is None:
+        results = {arm: arm_result(arm, cfg, plan, ranks) for arm, ranks in parts.items()}
     interrupted = any(r.status == "interrupted" for r in results.values())
     report = build_report(seams_cfg, results, interrupted=interrupted)
     if failure is not None:

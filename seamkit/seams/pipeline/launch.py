@@ -194,11 +194,12 @@ def _launch_arms(cfg: RunConfig, plan, out_path: Path, rundir: Path, callback, p
             break
     device = resolve_device(cfg.train.device)
     backend = "nccl" if device.type == "cuda" else backend
-    report = assemble(cfg, plan, parts, backend, "process: each arm on fresh processes, one per rank", failure)
+    results = {arm: arm_result(arm, cfg, plan, ranks) for arm, ranks in parts.items()}
+    report = assemble(cfg, plan, parts, backend, "process: each arm on fresh processes, one per rank", failure,
+                      results=results)
     write_report(out_path, report, "seams")
-    for arm in ARMS:  # as one process ends an arm: its status and its ArmResult
-        result = arm_result(arm, cfg, plan, parts[arm]) if arm in parts else None
-        cb({"kind": "end", "arm": arm, "status": report["arms"][arm].get("status"), "result": result})
+    for arm in ARMS:  # once the report is written, each arm's end event as one process sends it
+        cb({"kind": "end", "arm": arm, "status": report["arms"][arm].get("status"), "result": results.get(arm)})
     if error is not None:
         raise DistError(f"{error} (report: {out_path}" + (f"; logs in {rundir})" if keep_logs else ")"))
     return report
