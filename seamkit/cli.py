@@ -29,6 +29,19 @@ def _common(p: argparse.ArgumentParser, preset: str = "cpu") -> None:
     p.add_argument("--threads", type=int, help="torch threads (train.threads)")
 
 
+def _devices(text: str) -> int:
+    """--devices: a count, or auto (0)."""
+    if text.strip().lower() == "auto":
+        return 0
+    try:
+        n = int(text)
+    except ValueError:
+        n = -1
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive number of devices or auto, got {text!r}")
+    return n
+
+
 def build_config(args) -> C.RunConfig:
     cfg = C.preset(args.preset)
     ov = C.parse_overrides(args.overrides)
@@ -38,7 +51,8 @@ def build_config(args) -> C.RunConfig:
                       ("micro_batches", "seams.micro_batches"), ("windows", "prune.windows"), ("samples", "prune.samples"),
                       ("policy", "prune.policy"), ("dtype", "prune.dtype"), ("repeats", "seams.repeats"),
                       ("order", "seams.order"), ("lr_schedule", "train.lr_schedule"), ("exact", "prune.exact"),
-                      ("reference", "prune.reference")):
+                      ("reference", "prune.reference"), ("devices", "seams.devices"), ("placement", "seams.placement"),
+                      ("calibration", "seams.calibration")):
         value = getattr(args, flag, None)
         if value is not None:
             ov[key] = value
@@ -243,6 +257,48 @@ def cmd_sweep(args) -> int:
     return 0 if result["status"] == "complete" else 1
 
 
+def cmd_forecast(args) -> int:
+    from seamkit.forecast import (
+        ForecastError,
+        forecast,
+        load_costs,
+        measured_speeds,
+        parse_devices,
+        parse_link,
+        validate_report,
+        validation_lines,
+    )
+    from seamkit.forecast.study import summary_lines
+    from seamkit.report import write_json
+    cfg = build_config(args)
+    devices, link = parse_devices(args.device_counts or "1,2,4,8,16"), parse_link(args.link)  # bad inputs first
+    measured = None
+    if args.validate:
+        try:
+            measured = json.loads(Path(args.validate).read_text())
+        except FileNotFoundError:
+            raise ForecastError(f"--validate {args.validate} does not exist") from None
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise ForecastError(f"--validate {args.validate} is not readable JSON ({e})") from None
+        at = sorted({n for per in measured_speeds(measured)["tokens_per_s"].values() for n in per})
+        if isinstance(measured.get("run_config"), dict):  # a seams report: the forecast of the config it ran
+            cfg = C.from_dict(measured["run_config"])
+        # the measured devices (and N=1 to compare with), or those --devices names as well
+        devices = parse_devices(sorted(set(at) | ({1} if not args.device_counts else set(devices))))
+    costs = load_costs(args.costs) if args.costs else None
+    with _made_dirs_go_on_error(Path(args.out).parent):
+        check_writable(args.out)
+        report = forecast(cfg, devices, costs=costs, link=link, cores=args.cores)
+        if measured is not None:
+            report["validation"] = validate_report(report, measured)
+        write_json(args.out, report)
+    print("\n".join(summary_lines(report)))
+    if measured is not None:
+        print("\n".join(validation_lines(report["validation"])))
+    print(f"report: {args.out}")
+    return 0
+
+
 def parser() -> argparse.ArgumentParser:
     ap = C.OneLineParser(prog="seamkit", description=__doc__.splitlines()[0])  # errors in one line
     sub = ap.add_subparsers(dest="command", required=True)
@@ -269,7 +325,14 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--max-steps", dest="max_steps", type=int, help="train.max_steps")
     p.add_argument("--objective", choices=C.OBJECTIVES, help="local objective")
     p.add_argument("--seams", help="'all', a count, or block indices '1,3,5'")
-    p.add_argument("--stages", type=int, help="run as S real pipeline stages on torch.distributed")
+    p.add_argument("--devices", type=_devices, help="the hardware budget both arms get: N, or auto (the free "
+                   "cores on CPU, every GPU on CUDA; seams.devices)")
+    p.add_argument("--placement", help="best (each arm its fastest placement on this machine, the default) or "
+                   "e2e=single|dp|pipe:SCHEDULE[:M],local=single|stages (seams.placement)")
+    p.add_argument("--calibration", choices=C.CALIBRATIONS, help="placement=best: where each candidate's speed comes "
+                   "from (seams.calibration)")
+    p.add_argument("--stages", type=int, help="run as S real pipeline stages on torch.distributed, arms one after "
+                   "the other (the pipeline's own report)")
     p.add_argument("--repeats", type=int, help="seeds to repeat the study for, paired (seams.repeats)")
     p.add_argument("--order", choices=C.ORDERS, help="arms take turns in slices, or run one after the other")
     p.add_argument("--lr-schedule", dest="lr_schedule", choices=C.LR_SCHEDULES,
@@ -335,6 +398,20 @@ def parser() -> argparse.ArgumentParser:
                    help="write one shell command per point to FILE instead of running them")
     p.add_argument("--collect", metavar="DIR", help="aggregate the points in DIR (run by --emit-jobs commands)")
     p.set_defaults(fn=cmd_sweep)
+
+    p = sub.add_parser("forecast", help="forecast both arms' tokens/s and bubble at N devices from measured costs")
+    _common(p)
+    p.add_argument("--devices", dest="device_counts", help="device counts N, e.g. 1,2,4,8,16 (the default; with "
+                   "--validate: N=1 and the devices it measured)")
+    p.add_argument("--costs", metavar="FILE", help="a cost table (or a forecast report) to reuse; default: measure now")
+    p.add_argument("--link", default="loopback", help="loopback, nvlink, infiniband or LATENCY_S,BANDWIDTH_BYTES_PER_S")
+    p.add_argument("--cores", type=int, help="CPU cost tables: cores the ranks may share (default: the measuring "
+                   "machine's); more ranks than that are not forecast")
+    p.add_argument("--validate", metavar="REPORT", help="a seams report made with --devices N (or a calibration or "
+                   "bench JSON of measured candidates): forecast its config at its devices and give each candidate's "
+                   "error")
+    p.add_argument("--out", default="reports/forecast.json", help="report path")
+    p.set_defaults(fn=cmd_forecast)
     return ap
 
 

@@ -19,11 +19,13 @@ import typing
 from dataclasses import dataclass, field
 
 TOKENIZERS = ("qwen", "bytes")
-OBJECTIVES = ("aux_head", "detached_head", "shared_head")
+OBJECTIVES = ("aux_head", "detached_head", "shared_head", "aux_block", "own_head")
+CALIBRATIONS = ("auto", "run", "bench")  # where seams.placement=best finds each candidate's speed
 PIPELINE_SCHEDULES = ("gpipe", "1f1b", "interleaved1f1b", "interleavedzb", "zbv", "dualpipev")  # seamkit.seams.pipeline e2e
 DTYPES = ("float32", "float64", "bfloat16")
 LR_SCHEDULES = ("budget", "steps")
 ORDERS = ("interleaved", "sequential")
+STUDY_ARMS = ("e2e", "local", "delayed")  # what seams.arms may name; e2e always runs
 
 
 class SeamkitError(Exception):
@@ -164,7 +166,7 @@ class TrainConfig:
 @dataclass
 class SeamsConfig:
     seams: str = "all"  # "all" (after every block but the last), a count "3", or block indices "1,3,5"
-    objective: str = "aux_head"  # local objective: aux_head, detached_head or shared_head
+    objective: str = "aux_head"  # local objective: aux_head, detached_head, shared_head, aux_block or own_head
     aux_classes: int = ranged(8192, gt=0)  # aux_head: K most frequent training tokens (+1 "other"), capped at vocab
     stages: int = ranged(0, ge=0)  # >0: run as real pipeline stages on torch.distributed (seamkit.seams.pipeline)
     order: str = "interleaved"  # "interleaved": the arms take turns in slices; "sequential": e2e, then local
@@ -173,6 +175,14 @@ class SeamsConfig:
     token_marks: int = ranged(3, gt=0)  # held-out loss of both arms at this many equal token counts
     micro_batches: int = ranged(0, ge=0)  # e2e pipeline micro-batches; 0: the schedule's default (seams.pipeline.plan)
     pipeline_schedule: str = "auto"  # e2e schedule on real stages (torch.distributed.pipelining); auto: bench/dist.py's fastest
+    devices: int = ranged(0, ge=0)  # the hardware budget both arms get (seams.placement); 0: auto (free cores, or every GPU)
+    placement: str = "best"  # best: each arm its fastest placement here; or e2e=single|dp|pipe:SCHEDULE:M,local=single|stages
+    calibration: str = "auto"  # placement=best: auto (a committed bench result of this machine, else run), run, bench
+    calibrate_steps: int = ranged(12, ge=4)  # calibration: steps per candidate (the first quarter is warm-up)
+    delay: int = ranged(1, ge=0)  # delayed arm: steps an output-gradient takes to cross each seam backwards
+    weight_stashing: bool = True  # delayed arm: backward under the weights batch t's forward used (else the current ones)
+    local_weight: float = ranged(0.0, ge=0)  # delayed arm: weight of each segment's aux_head loss gradient; 0: none
+    arms: str = "e2e,local"  # the study's arms: a comma list of distinct names from e2e, local, delayed (e2e always)
 
     def __post_init__(self):
         check_fields(self, "seams")
@@ -180,8 +190,25 @@ class SeamsConfig:
             raise ConfigError(f"seams.objective must be one of {OBJECTIVES}, got {self.objective!r}")
         if self.order not in ORDERS:
             raise ConfigError(f"seams.order must be one of {ORDERS}, got {self.order!r}")
+        if self.calibration not in CALIBRATIONS:
+            raise ConfigError(f"seams.calibration must be one of {CALIBRATIONS}, got {self.calibration!r}")
         if self.pipeline_schedule not in PIPELINE_SCHEDULES + ("auto",):
             raise ConfigError(f"seams.pipeline_schedule must be auto or one of {PIPELINE_SCHEDULES}, got {self.pipeline_schedule!r}")
+        study_arms(self.arms)
+
+
+def study_arms(spec: str) -> tuple[str, ...]:
+    """The arms `seams.arms` names, in STUDY_ARMS order: distinct names from it, e2e and local among them."""
+    names = tuple(n.strip() for n in str(spec).split(","))
+    bad = [n for n in names if n not in STUDY_ARMS]
+    if bad:
+        raise ConfigError(f"seams.arms={spec!r}: unknown arm {bad[0]!r}; name some of {', '.join(STUDY_ARMS)}")
+    if len(set(names)) != len(names):
+        raise ConfigError(f"seams.arms={spec!r} names an arm twice")
+    if "e2e" not in names or "local" not in names:
+        raise ConfigError(f"seams.arms={spec!r} must include e2e (the baseline every arm is compared to) and local "
+                          f"(the reference report's two arms)")
+    return tuple(a for a in STUDY_ARMS if a in names)  # one order everywhere: e2e, local, delayed
 
 
 @dataclass

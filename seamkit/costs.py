@@ -70,10 +70,26 @@ CPU_ATTENTION_FLOPS = {torch.ops.aten._scaled_dot_product_flash_attention_for_cp
                        torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward: _cpu_flash_backward_flops}
 
 
-def count_flops(fn: Callable[[], object]) -> flop_counter.FlopCounterMode:
+class _NoModules:
+    """A stand-in for FlopCounterMode's module tracker that files every FLOP under "Global": its
+    hooks cannot follow `torch.autograd.grad` with `inputs` (a late backward of the delayed arm)."""
+    parents = {"Global"}
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def count_flops(fn: Callable[[], object], per_module: bool = True) -> flop_counter.FlopCounterMode:
     """Run fn() under a FlopCounterMode and return the counter: `get_total_flops()` for the
-    total, `get_flop_counts()` for the table per module (by class name and by path)."""
-    with flop_counter.FlopCounterMode(display=False, custom_mapping=CPU_ATTENTION_FLOPS) as counter:
+    total, `get_flop_counts()` for the table per module (by class name and by path; with
+    `per_module=False` only the total, for code the module tracker cannot follow)."""
+    counter = flop_counter.FlopCounterMode(display=False, custom_mapping=CPU_ATTENTION_FLOPS)
+    if not per_module:
+        counter.mod_tracker = _NoModules()
+    with counter:
         fn()
     return counter
 

@@ -87,3 +87,11 @@ def scheduled_lr(step: int, elapsed_s: float, tc: TrainConfig) -> float:
     if tc.lr_schedule == "steps":
         return lr_at(step, tc)
     return lr_at_progress(schedule_progress(step, elapsed_s, tc), tc)
+
+
+def step_at(opts, lr: float) -> None:
+    """One step of every optimizer in `opts` at learning rate `lr` (the one place an update sets it)."""
+    for opt in opts:
+        for g in opt.param_groups:
+            g["lr"] = lr
+        opt.step()

@@ -115,11 +115,12 @@ def test_runs_finish_and_measured_bytes_equal_analytic(run, request):
     S = 2 if run == "two" else 3
     load_report(d / "seams.json", "seams")  # valid against SEAMS_SCHEMA
     assert report["status"] == "complete" and report["stages"] == S and report["backend"] == "gloo"
-    assert len(report["seams"]) == S - 1 and len(report["segments"]) == S
+    n = cfg.model.n_blocks  # seams.seams=all: local trains a seam after every block on any placement
+    assert len(report["seams"]) == n - 1 and len(report["segments"]) == n
     b = report["bytes"]
     B, seq, dim = cfg.data.batch, cfg.model.seq, cfg.model.dim
     assert report["wire_dtype"] == "float32" and b["activation_bytes_per_seam"] == B * seq * dim * 4
-    assert b["seams"] == S - 1 and report["bytes_reference_bf16"]["activation_bytes_per_seam"] == B * seq * dim * 2
+    assert b["seams"] == n - 1 and report["bytes_reference_bf16"]["activation_bytes_per_seam"] == B * seq * dim * 2
     assert report["comparison"].startswith(f"local vs e2e {report['pipeline_schedule']['e2e']} with {report['micro_batches']}")
     for arm in ("e2e", "local"):
         a = report["arms"][arm]
@@ -130,8 +131,10 @@ def test_runs_finish_and_measured_bytes_equal_analytic(run, request):
         for row in m["per_boundary"]:
             assert row["activation_bytes_per_step"] == b["activation_bytes_per_seam"]
             assert row["gradient_bytes_per_step"] == (b["activation_bytes_per_seam"] if arm == "e2e" else 0)
-        # single-stage schedules: the crossings are the S-1 seams, so the reference's formula holds
-        assert m["per_step"] == (b["e2e_per_step"] if arm == "e2e" else b["local_per_step"])
+        # single-stage schedules: both arms cross the S-1 rank boundaries; `bytes` counts every seam
+        assert m["crossings"] == S - 1
+        assert m["per_step"] == (2 if arm == "e2e" else 1) * (S - 1) * b["activation_bytes_per_seam"]
+    assert report["bytes_per_step_crossings"]["local"] == report["measured_bytes"]["local"]["per_step"]
     # local: no stage ever receives a gradient message (counted on the receiving side)
     assert report["measured_bytes"]["local"]["gradient_messages_received"] == 0
     for r in report["per_rank"]["local"]:
@@ -325,22 +328,25 @@ def test_local_matches_single_process(run, request):
     assert got.keys() == want.keys()
     for name in want:
         assert torch.equal(got[name], want[name]), name
+    heads = {}
+    for k in range(report["stages"]):
+        heads.update(torch.load(d / "state" / f"local-rank{k}.pt")["heads"])
+    assert sorted(heads) == list(range(len(a.heads)))  # one aux head per non-final segment
     for k, head in enumerate(a.heads):
-        s = torch.load(d / "state" / f"local-rank{k}.pt")
         for name, w in head.state_dict().items():
-            assert torch.equal(s["head"][name], w), (k, name)
+            assert torch.equal(heads[k][name], w), (k, name)
 
 
 # ----------------------------------------------------------------------------- plans and flags
 
 def test_plan_rules():
     cfg = C.tiny()
-    assert D.make_plan(cfg, 2).seams == [1] and D.make_plan(cfg, 4).segs == [[0], [1], [2], [3]]
+    assert D.make_plan(cfg, 2).seams == [0, 1, 2] and D.make_plan(cfg, 4).segs == [[0], [1], [2], [3]]
     assert D.make_plan(cfg, 2).micro_batches == 4  # auto at 2 stages: dualpipev, 2 per stage
     assert D.make_plan(cfg, 3).micro_batches == 4  # batch 4: the largest divisor <= 6
     one = C.override(cfg, {"seams.pipeline_schedule": "1f1b"})
     assert D.make_plan(one, 2).micro_batches == 4 and D.make_plan(one, 4).micro_batches == 4  # 2 per stage, <= batch
-    assert D.make_plan(C.override(cfg, {"seams.seams": "0,1"}), 3).seams == [0, 1]  # S-1 seams named: kept
+    assert D.make_plan(C.override(cfg, {"seams.seams": "0,1"}), 3).seams == [0, 1]  # seams named: kept
     zbv = D.make_plan(C.override(cfg, {"seams.pipeline_schedule": "zbv"}), 2)
     assert zbv.owner == [0, 1, 1, 0] and zbv.crossings() == [0, 2] and zbv.e2e_segs == [[0], [1], [2], [3]]
     with pytest.raises(C.ConfigError, match="1..4 stages"):
@@ -359,10 +365,10 @@ def test_plan_rules():
         C.override(cfg, {"seams.pipeline_schedule": "pipedream"})
 
 
-def test_named_seams_must_give_one_segment_per_stage():
-    """On S stages the local arm runs S segments: seams.seams=all (the default) spreads S-1
-    seams evenly; every count and every set of block indices that gives another number of
-    segments is refused in one line, never replaced by other cuts."""
+def test_named_seams_must_give_a_segment_to_every_stage():
+    """On S stages the local arm trains the config's seams: every count and every set of block
+    indices that gives at least S segments is kept as named, every stage boundary one of its
+    seams; one that gives fewer is refused in one line, never replaced by other cuts."""
     from itertools import combinations
 
     from seamkit.seams.cuts import parse_seams
@@ -371,13 +377,16 @@ def test_named_seams_must_give_one_segment_per_stage():
     specs = [(str(k), parse_seams(str(k), n)) for k in range(n)]  # counts
     specs += [("[" + ",".join(map(str, c)) + "]", list(c)) for k in range(n) for c in combinations(range(n - 1), k)]
     for S in range(1, n + 1):
-        assert D.make_plan(C.override(cfg, {"seams.seams": "all"}), S).seams == parse_seams(str(S - 1), n)
+        assert D.make_plan(C.override(cfg, {"seams.seams": "all"}), S).seams == list(range(n - 1))
         for spec, seams in specs:
             named = C.override(cfg, {"seams.seams": spec})
-            if len(seams) == S - 1:
-                assert D.make_plan(named, S).seams == seams, (S, spec)
+            if len(seams) + 1 >= S:
+                plan = D.make_plan(named, S)
+                assert plan.seams == seams and len(plan.local_held) == S and all(plan.local_held), (S, spec)
+                assert [k for held in plan.local_held for k in held] == list(range(len(seams) + 1))
+                assert len(plan.local_crossings()) == S - 1 and set(plan.local_crossings()) <= set(range(len(seams)))
                 continue
-            with pytest.raises(C.ConfigError, match=rf"into {len(seams) + 1} segments, but {S} stages") as e:
+            with pytest.raises(C.ConfigError, match=rf"into {len(seams) + 1} segment\(s\), fewer than the {S} stages") as e:
                 D.make_plan(named, S)
             assert "\n" not in str(e.value)
 
@@ -387,9 +396,9 @@ def test_refused_seams_leave_nothing_behind(tmp_path, monkeypatch, capsys):
     from seamkit.seams.pipeline.launch import main
     monkeypatch.setattr(tempfile, "tempdir", str(_tmp(tmp_path)))
     out = tmp_path / "out" / "r.json"
-    rc = main(["--stages", "2", "--preset", "tiny", "--set", "seams.seams=1,2", "--out", str(out)])
+    rc = main(["--stages", "2", "--preset", "tiny", "--set", "seams.seams=none", "--out", str(out)])
     err = capsys.readouterr().err.strip().splitlines()
-    assert rc == 2 and len(err) == 1 and "into 3 segments, but 2 stages" in err[0], err
+    assert rc == 2 and len(err) == 1 and "into 1 segment(s), fewer than the 2 stages" in err[0], err
     assert list(tmp_path.iterdir()) == [tmp_path / "tmp"] and not list((tmp_path / "tmp").iterdir())
 
 
@@ -592,7 +601,8 @@ def test_sigterm_stops_the_ranks_and_removes_the_run_folder(tmp_path):
 # ----------------------------------------------------------------------------- one report schema
 
 # what only a pipeline run has (its placement) and what only the one-device study has (its seeds)
-PIPELINE_ONLY = {"stages", "backend", "wire_dtype", "wire_bytes_per_value", "bytes_reference_bf16", "micro_batches",
+PIPELINE_ONLY = {"stages", "backend", "wire_dtype", "wire_bytes_per_value", "bytes_reference_bf16",
+                 "bytes_per_step_crossings", "micro_batches",
                  "queue", "pipeline_schedule", "comparison", "measured_bytes", "measured_matches_analytic",
                  "per_rank", "bubble"}
 STUDY_ONLY = {"repeats", "repeats_requested", "seeds", "aggregate", "corpus"}
@@ -623,3 +633,160 @@ def test_pipeline_and_one_device_reports_have_one_key_tree(two, tmp_path):
     for arm in ("e2e", "local"):  # a steps schedule under max_steps: neither clock decided anything
         assert pipe["arms"][arm]["wall_clock_dependent"] is False and one["arms"][arm]["wall_clock_dependent"] is False
     assert pipe["lr_schedule"] == one["lr_schedule"] == "steps" and "schedule" not in pipe and "schedule" not in one
+
+
+# ----------------------------------------------------------------------------- local trains the config's seams on any placement
+
+def _local_equal_to_one_process(cfg, report, d) -> None:
+    """Every GPT tensor and every aux head the ranks saved is torch.equal to the one-process
+    local arm's with the same seams after the same steps (same seed, same batches)."""
+    corpus = load_corpus(cfg.data)
+    a = T.build_arm("local", cfg, corpus)
+    assert a.segs == report["segments"]
+    loader = RowLoader(corpus, "train", cfg.data.batch, cfg.model.seq, cfg.train.seed)
+    for step in range(STEPS):
+        x_BT, y_BT = loader.next()
+        T.train_step(a, x_BT, y_BT, OPT.lr_at(step, cfg.train), cfg.train.grad_clip)
+    got = _stage_states(d, "local", report["stages"])
+    assert got.keys() == a.model.state_dict().keys()
+    for name, w in a.model.state_dict().items():
+        assert torch.equal(got[name], w), name
+    heads = {}
+    for k in range(report["stages"]):
+        heads.update(torch.load(d / "state" / f"local-rank{k}.pt")["heads"])
+    assert sorted(heads) == list(range(len(a.heads)))
+    for k, head in enumerate(a.heads):
+        for name, w in head.state_dict().items():
+            assert torch.equal(heads[k][name], w), (k, name)
+
+
+def test_local_on_two_stages_trains_a_seam_after_every_block(two):
+    """seams.seams=all on 2 stages of the tiny preset: 3 seams, as one process trains them; each
+    rank holds 2 segments (and the aux heads of its non-final ones), only the middle seam crosses."""
+    cfg, report, d = two
+    assert report["seams"] == [0, 1, 2] and report["segments"] == [[0], [1], [2], [3]]
+    assert [r["segments"] for r in report["per_rank"]["local"]] == [[[0], [1]], [[2], [3]]]
+    assert [sorted(torch.load(d / "state" / f"local-rank{k}.pt")["heads"]) for k in range(2)] == [[0, 1], [2]]
+    m = report["measured_bytes"]["local"]
+    assert [r["boundary"] for r in m["per_boundary"]] == [1] and m["agrees"] and m["sent_equals_received"]
+    assert report["bytes"]["seams"] == 3 and report["bytes_per_step_crossings"]["local_crossings"] == [1]
+    assert report["bytes_per_step_crossings"]["local"] == m["per_step"] == report["bytes"]["activation_bytes_per_seam"]
+    _local_equal_to_one_process(cfg, report, d)
+
+
+def test_local_with_one_seam_on_two_stages(tmp_path):
+    """seams.seams=1 on 2 stages: one segment a rank, as before, equal to one process."""
+    cfg = tiny(**{"seams.seams": "1", "seams.pipeline_schedule": "gpipe"})
+    report = D.launch(cfg, tmp_path / "r.json", 2, progress=False, save_state=str(tmp_path / "state"),
+                      arms=("local",))
+    assert report["arms"]["local"]["status"] == "complete" and report["seams"] == [1]
+    assert [r["segments"] for r in report["per_rank"]["local"]] == [[[0, 1]], [[2, 3]]]
+    assert report["measured_bytes"]["local"]["agrees"] and report["bytes"]["seams"] == 1
+    _local_equal_to_one_process(cfg, report, tmp_path)
+
+
+def test_fewer_segments_than_stages_is_one_line(tmp_path):
+    """Every stage boundary must be a seam: 2 segments on 3 stages, 1 on 2, refused in one line
+    before any process starts, naming what to set."""
+    for seams, S in (("1", 3), ("none", 2), ("[2]", 4)):
+        cfg = tiny(**{"seams.seams": seams})
+        with pytest.raises(C.ConfigError) as e:
+            D.launch(cfg, tmp_path / "r.json", S, progress=False)
+        msg = str(e.value)
+        assert "\n" not in msg and f"fewer than the {S} stages" in msg and f"at least {S - 1} seam(s)" in msg, msg
+    assert not (tmp_path / "r.json").exists()
+
+
+def test_segments_are_grouped_by_block_count():
+    """Contiguous runs, the largest rank as small as can be; ties toward the even spread of
+    blocks (with a seam after every block: exactly `parse_seams`'s even count), then earliest."""
+    from seamkit.seams.cuts import parse_seams, segments
+    group = D.plan.group_segments
+    for n in range(1, 10):
+        every = segments(parse_seams("all", n), n)
+        for S in range(1, n + 1):
+            blocks = [[b for k in held for b in every[k]] for held in group(every, S)]
+            assert blocks == segments(parse_seams(str(S - 1), n), n), (n, S)
+    assert group([[0, 1, 2], [3], [4, 5, 6, 7]], 2) == [[0, 1], [2]]  # 4 + 4, not 3 + 5
+    assert group([[0], [1], [2], [3, 4, 5, 6, 7]], 2) == [[0, 1, 2], [3]]  # 5 either way: the boundary nearest block 3
+    assert group([[0], [1], [2, 3], [4], [5]], 3) == [[0, 1], [2], [3, 4]]  # 2 + 2 + 2
+    assert group([[0], [1, 2], [3, 4]], 2) == [[0, 1], [2]]  # 3 + 2, though a 1 + 4 cut lies as near the middle
+    cpu = D.make_plan(C.cpu(), 3)  # 8 one-block segments: 3 + 2 + 3, as parse_seams spreads 2 seams
+    assert cpu.local_held == [[0, 1, 2], [3, 4], [5, 6, 7]] and cpu.local_crossings() == [2, 4]
+    assert cpu.local_owner == [0, 0, 0, 1, 1, 2, 2, 2]
+
+
+def test_local_pauses_for_turns_and_trains_the_same(tmp_path, monkeypatch):
+    """The study's turns on 2 local stages: rank 0 says PAUSE at a step boundary, every rank hands
+    the turn on there (the coordinator gives the next turn once both have) and goes on; no stage
+    stops, the control messages count the pauses, and the weights are one process's."""
+    from seamkit.seams import turns as TU
+    folder = tmp_path / "turns"
+    folder.mkdir()
+    monkeypatch.setenv(TU.TURNS_ENV, str(folder))
+    paused, watchdogs = {}, []
+
+    def coordinator(e):
+        if e.get("kind") == "_paused":
+            paused.setdefault(e["turn"], set()).add(e["rank"])
+            if len(paused[e["turn"]]) == 1:  # a rank that never joins: the paused one stops waiting
+                watchdogs.append(threading.Timer(10, TU.halt, [folder]))
+                watchdogs[-1].start()
+            if len(paused[e["turn"]]) == 2:
+                watchdogs[-1].cancel()
+                TU.give_turn(folder, e["turn"])
+    TU.give_turn(folder, 0)
+    cfg = tiny(**{"seams.slice_seconds": 1e-6, "train.max_steps": STEPS})  # due after every step
+    try:
+        report = D.launch(cfg, tmp_path / "r.json", 2, progress=False, save_state=str(tmp_path / "state"),
+                          arms=("local",), callback=coordinator, timeout_s=20)
+    finally:
+        for w in watchdogs:
+            w.cancel()
+    assert not (folder / "halt").exists()
+    local = report["arms"]["local"]
+    assert local["status"] == "complete" and local["steps"] == STEPS
+    turns = len(paused)
+    assert turns >= STEPS - 1 and all(ranks == {0, 1} for ranks in paused.values()), paused
+    m = report["measured_bytes"]["local"]
+    assert m["control_bytes"] == 8 * (STEPS + 1 + turns) and m["agrees"]
+    assert report["per_rank"]["local"][0]["slices"]
+    _local_equal_to_one_process(cfg, report, tmp_path)
+
+
+# ----------------------------------------------------------------------------- every objective a segment owns the read-out of
+
+@pytest.mark.parametrize("objective", ["aux_block", "own_head"])
+def test_local_on_two_stages_trains_each_private_module_as_one_process(objective, tmp_path):
+    """seams.seams=all on 2 stages under aux_block and own_head: every GPT tensor and every
+    segment's private module (an AuxBlock; a copy of the final norm and LM head) torch.equal to
+    the one-process local arm's after STEPS steps, each private module held by its segment's rank
+    and moved from where it started."""
+    cfg = tiny(**{"seams.objective": objective, "seams.pipeline_schedule": "gpipe"})
+    report = D.launch(cfg, tmp_path / "r.json", 2, progress=False, save_state=str(tmp_path / "state"),
+                      arms=("local",))
+    assert report["arms"]["local"]["status"] == "complete" and report["segments"] == [[0], [1], [2], [3]]
+    saved = [torch.load(tmp_path / "state" / f"local-rank{k}.pt")["heads"] for k in range(2)]
+    assert [sorted(h) for h in saved] == [[0, 1], [2]]
+    _local_equal_to_one_process(cfg, report, tmp_path)
+    # and trained: each read-out's weight moved from its start (the builders one process uses)
+    from seamkit.model import GPT
+    from seamkit.seams.objectives import make_aux_blocks, make_own_heads
+    torch.manual_seed(cfg.train.seed)
+    start = (make_aux_blocks(cfg.model, 3, cfg.seams.aux_classes, cfg.train.seed) if objective == "aux_block"
+             else make_own_heads(GPT(cfg.model), 3))
+    heads = saved[0] | saved[1]
+    name = "out.head.weight" if objective == "aux_block" else "head.weight"
+    for k, h in enumerate(start):
+        assert not torch.equal(heads[k][name], h.state_dict()[name]), k
+
+
+def test_plan_takes_the_objectives_a_segment_owns_and_refuses_the_rest_in_one_line():
+    cfg = C.tiny()
+    for objective in ("aux_head", "aux_block", "own_head"):
+        assert D.make_plan(C.override(cfg, {"seams.objective": objective}), 2).seams == [0, 1, 2]
+    for objective in ("detached_head", "shared_head"):
+        with pytest.raises(C.ConfigError) as e:
+            D.make_plan(C.override(cfg, {"seams.objective": objective}), 2)
+        msg = str(e.value)
+        assert "\n" not in msg and objective in msg and "last stage's head on every stage" in msg, msg

@@ -72,7 +72,7 @@ def _allowed(arm, k):
     owned = CUTS.segment_params(arm.model, arm.segs)
     names = {n for n, _ in owned[k]}
     last = len(arm.segs) - 1
-    if k < last and arm.objective == "aux_head":
+    if k < last and arm.heads is not None:  # aux_head, aux_block, own_head: its private module
         names |= {f"aux.{k}.{n}" for n, _ in arm.heads[k].named_parameters()}
     if k < last and arm.objective == "shared_head":
         names |= {"norm.weight", "head.weight"}

@@ -55,16 +55,20 @@ def test_seams_panel_click_builds_the_config_and_fills_traces_and_bars(monkeypat
     assert panel.budget.value == C.tiny().train.budget_seconds
     panel.budget.value, panel.objective.value, panel.seams.value = 4.0, "detached_head", "2"
     panel.repeats.value, panel.order.value = 3, "sequential"
+    panel.devices.value, panel.placement.value = "2", "e2e=dp"
+    panel.arms.value, panel.delay.value = "e2e,local,delayed", 2
     panel.run.click()
 
     assert panel.error is None
     cfg, out_path, progress = calls[0]
     assert cfg == C.override(C.tiny(), {"train.seed": 7, "train.budget_seconds": 4.0,
                                         "seams.objective": "detached_head", "seams.seams": "2",
-                                        "seams.repeats": 3, "seams.order": "sequential"})
+                                        "seams.repeats": 3, "seams.order": "sequential", "seams.devices": 2,
+                                        "seams.placement": "e2e=dp", "seams.arms": "e2e,local,delayed",
+                                        "seams.delay": 2})
     assert cfg == panel.config and out_path == tmp_path / "seams.json" and progress is False
-    e2e, local = panel.figure.data
-    assert (e2e.name, local.name) == ("e2e", "local")
+    e2e, local, delayed = panel.figure.data
+    assert (e2e.name, local.name, delayed.name) == ("e2e", "local", "delayed")
     assert list(e2e.x) == [0.0, 1.0, 2.0] and list(e2e.y) == [5.5, 4.0, 3.5]
     assert list(local.y) == [6.5, 5.0, 4.5]
     assert [panel.bars[a].value for a in ("e2e", "local")] == [100, 100]  # end fills the bar
@@ -78,8 +82,10 @@ def test_seams_panel_click_builds_the_config_and_fills_traces_and_bars(monkeypat
 
 def test_seams_panel_preset_change_resets_budget():
     panel = widgets.SeamsPanel("tiny")
+    panel.devices.value = "3"
     panel.preset.value = "cpu"
     assert panel.budget.value == C.cpu().train.budget_seconds and panel.repeats.value == C.cpu().seams.repeats
+    assert panel.devices.value == "auto"
     assert panel.build().preset == "cpu"
 
 

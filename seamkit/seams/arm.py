@@ -13,10 +13,14 @@ callbacks run off the clock.
 - e2e: plain backprop through the whole model, one global-norm gradient clip.
 - local: `objectives.segment_losses` detaches h_BTC at every seam; each segment's loss is
   backpropagated as soon as its forward is done (which frees that segment's activations: the
-  memory local saves) and reaches only what the segment owns (`cuts.segment_params`, plus
-  its AuxHead). Clipping is per segment, over what it owns; the last segment's group holds the
-  final norm and LM head, which under `shared_head` also carry every other segment's gradient.
+  memory local saves) and reaches only what the segment owns (`cuts.segment_params`, plus its
+  private module in `heads`). Clipping is per segment, over what it owns; the last segment's
+  group holds the final norm and LM head, which under `shared_head` also carry every other
+  segment's gradient.
   With no seams this is e2e, bit for bit.
+- delayed (`seams.delayed`, not one of the study's ARMS): backprop whose gradients cross each
+  seam `seams.delay` steps late, simulated exactly; `build_arm` and `train_step` hand it to that
+  module, and its in-flight state rides in the checkpoint's `extra` ("delayed").
 - Weight decay applies to matrices only (`optim.make_optimizer`). The GPT and the aux heads have
   separate AdamW instances, so a checkpoint's `optimizer` is the GPT's alone; the aux heads,
   their optimizer state and the class map ride in the checkpoint's `extra`.
@@ -50,19 +54,25 @@ from seamkit.config import ConfigError, RunConfig
 from seamkit.data.load import load_corpus
 from seamkit.data.rows import RowLoader, epochs, repeat_warning
 from seamkit.loop import Clock, budget_loop, evaluate_model, held_out
-from seamkit.memory import (
-    Baseline,
-)
+from seamkit.memory import Baseline
 from seamkit.model import GPT, autocast, lm_loss, param_dtype, resolve_device
-from seamkit.optim import (
-    make_optimizer,
-)
+from seamkit.optim import make_optimizer, step_at
 from seamkit.seams.cuts import parse_seams, segment_params, segments
-from seamkit.seams.objectives import class_map, make_aux_heads, segment_losses
+from seamkit.seams.delayed import DelayedArm, build_delayed, delayed_step
+from seamkit.seams.delayed import load_state_dict as load_delayed
+from seamkit.seams.delayed import state_dict as delayed_state
+from seamkit.seams.objectives import (
+    class_map,
+    make_aux_blocks,
+    make_aux_heads,
+    make_own_heads,
+    segment_losses,
+)
 from seamkit.seams.result import ArmResult, curve
 from seamkit.seams.resume import restore_arm
 
 ARMS = ("e2e", "local")
+PRIVATE = ("aux_head", "aux_block", "own_head")  # local objectives whose non-final segments own a module (`Arm.heads`)
 
 
 @dataclass
@@ -71,11 +81,11 @@ class Arm:
     name: str  # "e2e" or "local"
     model: GPT
     opt: torch.optim.Optimizer  # the GPT's parameters only
-    heads: nn.ModuleList | None  # local + aux_head: one AuxHead per non-final segment
+    heads: nn.ModuleList | None  # local + aux_head, aux_block, own_head: one private module per non-final segment
     head_opt: torch.optim.Optimizer | None
     segs: list[list[int]]  # blocks of each segment; e2e: one segment
     groups: list[list[torch.nn.Parameter]]  # what each segment clips together
-    classes: torch.Tensor | None  # aux_head: token id -> class
+    classes: torch.Tensor | None  # aux_head, aux_block: token id -> class
     objective: str | None  # local objective; None for e2e
     device: torch.device
     dtype_name: str
@@ -89,9 +99,11 @@ def token_counts(corpus, split: str, vocab: int) -> np.ndarray:
     return corpus.token_counts(split, vocab)
 
 
-def build_arm(arm: str, cfg: RunConfig, corpus) -> Arm:
+def build_arm(arm: str, cfg: RunConfig, corpus) -> Arm | DelayedArm:
+    if arm == "delayed":  # seams.delayed: its own step and its in-flight state
+        return build_delayed(cfg, corpus)
     if arm not in ARMS:
-        raise ConfigError(f"unknown arm {arm!r}; choose one of {ARMS}")
+        raise ConfigError(f"unknown arm {arm!r}; choose one of {ARMS + ('delayed',)}")
     device, dtype = resolve_device(cfg.train.device), param_dtype(cfg.train.dtype)
     torch.manual_seed(cfg.train.seed)
     model = GPT(cfg.model).to(device=device, dtype=dtype)
@@ -102,11 +114,15 @@ def build_arm(arm: str, cfg: RunConfig, corpus) -> Arm:
     segs = segments(parse_seams(cfg.seams.seams, cfg.model.n_blocks) if local else [], cfg.model.n_blocks)
     groups = [[p for _, p in owned] for owned in segment_params(model, segs)]
     heads = head_opt = classes = None
-    if local and cfg.seams.objective == "aux_head" and len(segs) > 1:
-        heads = make_aux_heads(cfg.model, len(segs) - 1, cfg.seams.aux_classes, cfg.train.seed)
+    objective = cfg.seams.objective
+    if local and objective in PRIVATE and len(segs) > 1:
+        n, k, seed = len(segs) - 1, cfg.seams.aux_classes, cfg.train.seed
+        heads = (make_aux_heads(cfg.model, n, k, seed) if objective == "aux_head" else
+                 make_aux_blocks(cfg.model, n, k, seed) if objective == "aux_block" else make_own_heads(model, n))
         heads = heads.to(device=device, dtype=dtype)
         head_opt = make_optimizer(heads, cfg.train)
-        classes = class_map(token_counts(corpus, "train", cfg.model.vocab), cfg.seams.aux_classes).to(device)
+        if objective != "own_head":  # own_head reads the vocabulary itself
+            classes = class_map(token_counts(corpus, "train", cfg.model.vocab), cfg.seams.aux_classes).to(device)
         for k, head in enumerate(heads):
             groups[k] += list(head.parameters())
     return Arm(name=arm, model=model, opt=make_optimizer(model, cfg.train), heads=heads, head_opt=head_opt,
@@ -114,11 +130,13 @@ def build_arm(arm: str, cfg: RunConfig, corpus) -> Arm:
                device=device, dtype_name=cfg.train.dtype)
 
 
-def train_step(a: Arm, x_BT: torch.Tensor, y_BT: torch.Tensor, lr: float, grad_clip: float) -> list[float]:
-    """One optimizer step; returns each segment's training loss (e2e: one).
+def train_step(a: Arm | DelayedArm, x_BT: torch.Tensor, y_BT: torch.Tensor, lr: float, grad_clip: float) -> list[float]:
+    """One optimizer step; returns each segment's training loss (e2e: one; delayed: `delayed_step`'s).
 
     A non-finite loss leaves the weights as they were (no update) for the caller to stop on.
     """
+    if a.name == "delayed":
+        return delayed_step(a, x_BT, y_BT, lr, grad_clip)
     if a.name == "e2e":
         with a.autocast():
             loss = lm_loss(a.model(x_BT), y_BT)
@@ -136,10 +154,7 @@ def train_step(a: Arm, x_BT: torch.Tensor, y_BT: torch.Tensor, lr: float, grad_c
         if grad_clip > 0:
             for group in a.groups:
                 torch.nn.utils.clip_grad_norm_(group, grad_clip)
-        for opt in opts:
-            for g in opt.param_groups:
-                g["lr"] = lr
-            opt.step()
+        step_at(opts, lr)
     for opt in opts:
         opt.zero_grad(set_to_none=True)
     return values
@@ -181,6 +196,8 @@ def run_arm(arm: str, cfg: RunConfig, corpus=None, callback: Callable[[dict], No
     batches = held_out(corpus, cfg, device=a.device)
     if resume_from is not None:
         restore_arm(resume_from, a, loader)
+        if arm == "delayed":
+            load_delayed(a, resume_from["extra"]["delayed"])
     callback = callback or (lambda event: None)
     callback({"kind": "start", "arm": arm, "budget_seconds": tc.budget_seconds, "max_steps": tc.max_steps,
               "tokens_per_step": cfg.data.batch * cfg.model.seq, "segments": a.segs, "objective": a.objective})
@@ -191,7 +208,8 @@ def run_arm(arm: str, cfg: RunConfig, corpus=None, callback: Callable[[dict], No
         extra = {"arm": arm, "status": status, "resume": loop_state, **(save_extra() if save_extra else {}),
                  "objective": a.objective, "segments": a.segs, "classes": a.classes,
                  "aux_heads": a.heads.state_dict() if a.heads is not None else None,
-                 "aux_optimizer": a.head_opt.state_dict() if a.head_opt is not None else None}
+                 "aux_optimizer": a.head_opt.state_dict() if a.head_opt is not None else None,
+                 **({"delayed": delayed_state(a)} if arm == "delayed" else {})}  # its gradients in flight
         ckpt_id = checkpoint.save(checkpoint_path, a.model, a.opt, cfg, step=step,
                                   data_state=loader.state_dict(), extra=extra)
         return checkpoint.ref(checkpoint_path, ckpt_id)

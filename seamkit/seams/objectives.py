@@ -2,13 +2,19 @@
 
 Local training detaches h_BTC at every seam, so each segment learns from its own loss
 (`segment_losses`): an AuxHead of its own (`aux_head`), the final norm and LM head read with
-detached weights (`detached_head`), or the shared final norm and LM head (`shared_head`).
-What the last two add to the traffic is `objective_bytes`, kept apart from the bytes block.
+detached weights (`detached_head`), the shared final norm and LM head (`shared_head`), a private
+transformer block before its own AuxHead (`aux_block`, after AugLocal: Ma et al., "Scaling
+Supervised Local Learning with Augmented Auxiliary Networks", ICLR 2024), or a private copy of
+the final norm and LM head (`own_head`). Every non-final segment's private module is one entry
+of the arm's `heads` (`make_aux_heads`, `make_aux_blocks`, `make_own_heads`).
+What detached_head and shared_head add to the traffic is `objective_bytes`, kept apart from the
+bytes block.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 
 import numpy as np
 import torch
@@ -16,7 +22,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from seamkit.config import ConfigError, ModelConfig
-from seamkit.model import lm_loss
+from seamkit.model import GPT, Block, lm_loss
 
 
 class AuxHead(nn.Module):
@@ -41,6 +47,34 @@ class AuxHead(nn.Module):
         return self.head(self.norm(h_BTC))
 
 
+class AuxBlock(nn.Module):
+    """aux_block's read-out: one transformer block of the model's shape (`model.Block`), then an
+    AuxHead over the same classes as aux_head's."""
+
+    def __init__(self, cfg: ModelConfig, n_classes: int):
+        super().__init__()
+        self.n_blocks = cfg.n_blocks  # the GPT's residual-projection scale, so the block starts as the model's do
+        self.block = Block(cfg)
+        self.out = AuxHead(cfg.dim, n_classes, cfg.norm_eps)
+
+    @torch.no_grad()
+    def reset_parameters(self, generator: torch.Generator) -> None:
+        """The GPT's init rule (`GPT.reset_parameters`) for the block, AuxHead's for the read-out,
+        every draw from `generator`."""
+        for name, p in self.block.named_parameters():
+            if name.endswith("bias"):
+                p.zero_()
+            elif "norm" in name:
+                p.fill_(1.0)
+            else:
+                std = 0.02 / math.sqrt(2 * self.n_blocks) if name.endswith("proj.weight") else 0.02
+                p.copy_(torch.empty(p.shape, dtype=torch.float32).normal_(0.0, std, generator=generator))
+        self.out.reset_parameters(generator)
+
+    def forward(self, h_BTC: torch.Tensor, ctx) -> torch.Tensor:
+        return self.out(self.block(h_BTC, ctx))
+
+
 def class_map(counts, k: int) -> torch.Tensor:
     """int64 (vocab,): token id -> class; the k most frequent tokens get 0..k-1 (most frequent
     first, ties by id), every other token the "other" class k."""
@@ -61,6 +95,29 @@ def make_aux_heads(cfg: ModelConfig, n_heads: int, k: int, seed: int) -> nn.Modu
     return heads
 
 
+def make_aux_blocks(cfg: ModelConfig, n_heads: int, k: int, seed: int) -> nn.ModuleList:
+    """One AuxBlock per non-final segment, k+1 classes each, initialised from their own generator."""
+    with torch.random.fork_rng(devices=[]):  # nn.Linear's own init draws from the global RNG (dropout's)
+        blocks = nn.ModuleList([AuxBlock(cfg, min(k, cfg.vocab) + 1) for _ in range(n_heads)])
+    g = torch.Generator().manual_seed(seed + 1)  # not the GPT's stream, as make_aux_heads
+    for b in blocks:
+        b.reset_parameters(g)
+    return blocks
+
+
+@torch.no_grad()
+def make_own_heads(model: GPT, n_heads: int) -> nn.ModuleList:
+    """own_head: one copy of the model's final norm and LM head per non-final segment (an AuxHead
+    over the vocabulary), each starting as the model's and then learning on its own."""
+    cfg = model.cfg
+    with torch.random.fork_rng(devices=[]):  # as make_aux_blocks: the global RNG is left as it was
+        heads = nn.ModuleList([AuxHead(cfg.dim, cfg.vocab, cfg.norm_eps) for _ in range(n_heads)])
+    for h in heads:
+        h.norm.weight.copy_(model.norm.weight)
+        h.head.weight.copy_(model.head.weight)
+    return heads
+
+
 def segment_losses(model, x_BT: torch.Tensor, y_BT: torch.Tensor, segs: list[list[int]], objective: str,
                    heads: nn.ModuleList | None = None, classes: torch.Tensor | None = None,
                    detach: bool = True, autocast=contextlib.nullcontext):
@@ -71,6 +128,8 @@ def segment_losses(model, x_BT: torch.Tensor, y_BT: torch.Tensor, segs: list[lis
     and free k's activations (where local training saves memory). The last segment's loss is
     the model's own LM loss; a non-final one depends on `objective`:
       aux_head       its own AuxHead over `classes` (the map from `class_map`);
+      aux_block      its own AuxBlock (a transformer block, then an AuxHead) over `classes`;
+      own_head       its own copy of the final norm and LM head, on the next tokens;
       detached_head  the current final norm and LM head with their weights detached;
       shared_head    the final norm and LM head themselves (they learn from every segment).
     `detach=False` exists only to show that the gradient tests can fail.
@@ -90,6 +149,10 @@ def segment_losses(model, x_BT: torch.Tensor, y_BT: torch.Tensor, segs: list[lis
                 loss = lm_loss(model.head(model.norm(h_BTC)), y_BT)
             elif objective == "aux_head":
                 loss = lm_loss(heads[k](h_BTC), classes[y_BT])
+            elif objective == "aux_block":
+                loss = lm_loss(heads[k](h_BTC, ctx), classes[y_BT])
+            elif objective == "own_head":
+                loss = lm_loss(heads[k](h_BTC), y_BT)
             elif objective == "detached_head":
                 n = model.norm
                 z = F.rms_norm(h_BTC, n.normalized_shape, n.weight.detach(), n.eps)
@@ -104,7 +167,9 @@ def segment_losses(model, x_BT: torch.Tensor, y_BT: torch.Tensor, segs: list[lis
 def objective_bytes(cfg: ModelConfig, n_seams: int, objective: str, weight_bytes: int = 4) -> dict:
     """What a local objective adds to `local_per_step`, beside the reference's bytes block.
 
-    aux_head: nothing (each stage owns its head; the fixed class map ships once).
+    aux_head, aux_block: nothing (each stage owns its module; the fixed class map ships once).
+    own_head: nothing (each stage copies the final norm and LM head of the GPT it builds from
+    the shared seed, then trains its copy alone).
     detached_head: every non-final stage needs the current final norm + LM head each step.
     shared_head: the same weights out, and their gradients back to the last stage.
     Weights and gradients count fp32 (4 bytes), as the reference's allreduce does.

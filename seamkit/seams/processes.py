@@ -25,8 +25,8 @@ disposition it inherited, and the Event reaches an arm still starting, before it
 arm ends that arm `failed` and hands the turn on, and the other trains on; an exception in an
 arm is raised here with the arm's traceback as its cause; an arm whose parent died stops.
 
-`Snapshots` (run inside an arm, off the clock) keeps the GPT's weights at a doubling grid of
-steps, for the study's held-out loss at equal token counts.
+`seams.snapshots.Snapshots` (run inside an arm, off the clock) keeps the GPT's weights at a
+doubling grid of steps, for the study's held-out loss at equal token counts.
 """
 
 from __future__ import annotations
@@ -44,104 +44,29 @@ import traceback
 from pathlib import Path
 from typing import Callable
 
-import torch
-
-from seamkit.config import RunConfig, from_dict
-from seamkit.loop import Clock
+from seamkit.config import STUDY_ARMS, RunConfig, from_dict
 from seamkit.seams.arm import ARMS, run_arm
+from seamkit.seams.pipeline.placed import run_placed
+from seamkit.seams.placement import arm_config, parse
+from seamkit.seams.snapshots import Snapshots
+from seamkit.seams.turns import Turns
 
 
 class ChildTraceback(Exception):
     """The traceback of an exception raised in an arm's process (shown as the cause)."""
 
 
-class Turns:
-    """An arm's side of the turn-taking: `gate(clock, steps)` for train.budget_loop.
-
-    Before a step, it waits for the turn (clock paused) when it does not hold it, and hands the
-    turn on once the current slice has run `slice_s` training seconds. `slices` records each
-    slice's steps, seconds and tokens/s.
-    """
-
-    def __init__(self, arm: str, go, q, slice_s: float, tokens_per_step: int, stop: Callable[[], bool]):
-        self.arm, self.go, self.q, self.slice_s, self.per_step, self.stop = arm, go, q, slice_s, tokens_per_step, stop
-        self.held, self.t0, self.steps0, self.wall0 = False, 0.0, 0, 0.0
-        self.slices: list[dict] = []  # wall_start/wall_end: time.monotonic(), one clock for every process
-
-    def acquire(self) -> None:
-        while not self.go.wait(0.1):
-            if self.stop():
-                return  # the loop sees stop() next and ends the arm as interrupted
-        self.held = True
-
-    def release(self, done: bool = False) -> None:
-        self.held = False
-        self.go.clear()
-        self.q.put({"kind": "_turn", "arm": self.arm, "done": done})
-
-    def _record(self, steps: int, t: float) -> None:
-        if steps > self.steps0 and t > self.t0:
-            self.slices.append({"steps": steps - self.steps0, "seconds": t - self.t0,
-                                "tokens_per_s": (steps - self.steps0) * self.per_step / (t - self.t0),
-                                "wall_start": self.wall0, "wall_end": time.monotonic()})
-
-    def __call__(self, clock: Clock, steps: int) -> None:
-        if self.held and clock.elapsed() - self.t0 < self.slice_s:
-            return
-        with clock.paused():
-            if self.held:
-                self._record(steps, clock.elapsed())
-                self.release()
-            self.acquire()
-        self.t0, self.steps0, self.wall0 = clock.elapsed(), steps, time.monotonic()
-
-    def finish(self, steps: int, elapsed_s: float) -> None:
-        """Close the last slice (the loop has ended)."""
-        if self.held:
-            self._record(steps, elapsed_s)
-
-
-class Snapshots:
-    """`after_step` hook keeping the GPT's weights after every g-th step in `folder`, at most
-    `keep` of them: when more would be kept, g doubles and the others are deleted."""
-
-    def __init__(self, folder, keep: int):
-        self.folder, self.keep, self.g = Path(folder), max(2, keep), 1
-        self.folder.mkdir(parents=True, exist_ok=True)
-        self.kept: list[dict] = []  # {"step", "elapsed_s", "path"}, by step
-
-    def state(self) -> dict:
-        """What a checkpoint keeps of this (plain data)."""
-        return {"g": self.g, "kept": list(self.kept)}
-
-    def restore(self, state: dict | None) -> None:
-        """Go on from a checkpoint's `state()`. A snapshot the stopped run deleted after that
-        checkpoint (its grid doubled later) is dropped: the views read only what is there."""
-        if state:
-            self.g = state["g"]
-            self.kept = [s for s in state["kept"] if Path(s["path"]).is_file()]
-
-    def __call__(self, a, steps: int, elapsed_s: float) -> None:
-        if steps % self.g:
-            return
-        path = self.folder / f"{a.name}_{steps}.pt"
-        torch.save(a.model.state_dict(), path)
-        self.kept.append({"step": steps, "elapsed_s": elapsed_s, "path": str(path)})
-        while len(self.kept) > self.keep:
-            self.g *= 2
-            for s in [s for s in self.kept if s["step"] % self.g]:
-                Path(s["path"]).unlink(missing_ok=True)
-            self.kept = [s for s in self.kept if s["step"] % self.g == 0]
-
-
 _STOP = threading.Event()
 
 
 def _arm_worker(arm: str, cfg_dict: dict, ckpt: str | None, q, go, parent: int, slice_s: float,
-                snap_dir: str | None, snap_keep: int, resume: bool = False, halt=None) -> None:
+                snap_dir: str | None, snap_keep: int, resume: bool = False, halt=None, placement: str = "single",
+                devices: int = 1) -> None:
     """Body of an arm's process: SIGINT (or the parent's `halt` Event) only sets a flag, so the
     arm stops between steps and still reports (status interrupted) and checkpoints what it did.
-    `resume`: continue from `ckpt` when it exists (with its slices and snapshots so far)."""
+    `resume`: continue from `ckpt` when it exists (with its slices and snapshots so far).
+    `placement` other than single: this process coordinates the arm's ranks (`pipeline.placed`);
+    such an arm that stopped early starts again on resume."""
     signal.signal(signal.SIGINT, lambda *_: _STOP.set())  # installed whatever was inherited (SIG_IGN too)
     turns = None
     try:
@@ -150,6 +75,13 @@ def _arm_worker(arm: str, cfg_dict: dict, ckpt: str | None, q, go, parent: int, 
         def stop():
             return _STOP.is_set() or (halt is not None and halt.is_set()) or os.getppid() != parent
         turns = Turns(arm, go, q, slice_s, cfg.data.batch * cfg.model.seq, stop)
+        where = parse(placement)
+        if where.kind != "single":
+            result = run_placed(arm, cfg, where, devices, send=q.put, go=go, release=turns.release,
+                                stop=stop, checkpoint_path=ckpt, snapshot_dir=snap_dir)
+            q.put({"kind": "_result", "arm": arm, "result": result})
+            return
+        cfg = arm_config(cfg, where, devices)  # its threads: train.threads, else the budget's cores
         snaps = Snapshots(snap_dir, snap_keep) if snap_dir else None
         resume_from = None
         if resume and ckpt and Path(ckpt).exists():
@@ -188,15 +120,19 @@ def _arm_worker(arm: str, cfg_dict: dict, ckpt: str | None, q, go, parent: int, 
 
 def run_arms(cfg: RunConfig, checkpoints: dict, callback: Callable[[dict], None] | None = None,
              order: str = "interleaved", snapshot_dir=None, arms: tuple = ARMS,
-             resume: bool = False, stop: Callable[[], bool] = lambda: False) -> tuple[dict, bool]:
+             resume: bool = False, stop: Callable[[], bool] = lambda: False,
+             placements: dict | None = None, devices: int = 1) -> tuple[dict, bool]:
     """Both arms (or those in `arms`), each in its own spawned process, taking turns (see the module docstring).
+
+    `placements`: arm -> placement name (`seams.placement`; default single) within `devices`; an
+    arm on several ranks is coordinated from its process, its ranks taking the turns together.
 
     `checkpoints`: {arm: path or None}. Returns ({arm: run_arm's result + "slices" and
     "snapshots"}, interrupted here). An arm that never reported is missing from the results.
     `resume`: each arm continues from its checkpoint where there is one (`seams.resume`).
     `stop()`: polled here; True interrupts the arms as Ctrl-C does (`resume.sigint_stops`).
     """
-    arms = tuple(a for a in ARMS if a in arms)
+    arms = tuple(a for a in STUDY_ARMS if a in arms)
     ctx = mp.get_context("spawn")  # the arms inherit this process's environment (OpenMP: seamkit/__init__.py)
     q, halt = ctx.Queue(), ctx.Event()
     go = {arm: ctx.Event() for arm in arms}
@@ -208,17 +144,17 @@ def run_arms(cfg: RunConfig, checkpoints: dict, callback: Callable[[dict], None]
         ckpt = str(checkpoints[arm]) if checkpoints.get(arm) else None
         procs[arm] = ctx.Process(target=_arm_worker, name=f"seamkit-{arm}", daemon=True,
                                  args=(arm, cfg.to_dict(), ckpt, q, go[arm], os.getpid(), slice_s, snap, keep, resume,
-                                       halt))
+                                       halt, (placements or {}).get(arm, "single"), devices))
         procs[arm].start()
     results, ready, done, interrupted = {}, set(), set(), False
 
     def hand_on(prev: str | None) -> None:
-        """The turn goes to the other arm while it still trains, else back to `prev`."""
-        waiting = [a for a in arms if a not in done]
-        if not waiting:
-            return
-        nxt = next((a for a in waiting if a != prev), waiting[0])
-        go[nxt].set()
+        """The turn goes round: to the next arm after `prev` that still trains (`prev` itself when
+        it is the last one)."""
+        start = arms.index(prev) + 1 if prev in arms else 0
+        nxt = next((a for a in arms[start:] + arms[:start] if a not in done), None)
+        if nxt is not None:
+            go[nxt].set()
 
     def interrupt() -> None:
         halt.set()

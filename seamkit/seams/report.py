@@ -8,10 +8,9 @@ import dataclasses
 import statistics
 
 from seamkit import costs as COSTS
-from seamkit.config import RunConfig
+from seamkit.config import RunConfig, study_arms
 from seamkit.model import resolve_device
 from seamkit.report import gpu_name, provenance
-from seamkit.seams.arm import ARMS
 from seamkit.seams.cuts import parse_seams, segments, traffic_bytes, traffic_ratios
 from seamkit.seams.objectives import objective_bytes, objective_ratios
 from seamkit.seams.result import ArmResult
@@ -19,7 +18,9 @@ from seamkit.stats import stats
 
 OBJECTIVE_NAMES = {"aux_head": "greedy per-segment next-token head over the K most frequent tokens (DGL-style)",
                    "detached_head": "the model's own final norm and LM head, weights detached",
-                   "shared_head": "the model's own final norm and LM head, shared by every segment"}
+                   "shared_head": "the model's own final norm and LM head, shared by every segment",
+                   "aux_block": "a private transformer block, then a head over the K most frequent tokens (AugLocal-like)",
+                   "own_head": "a private copy of the final norm and LM head per segment, next-token loss"}
 
 
 WALL_CLOCK_NOTE = ("wall-clock dependent: the training clock set an LR or ended an arm, so the same command "
@@ -67,7 +68,7 @@ def report_arm(arm: str, r: ArmResult | None, costs: dict | None = None, peak: f
         "loss_curve_segments": [[round(v, 4) for v in seg] for seg in r.loss_curve_segments],
         "objective": r.objective, "segments": r.segments, "checkpoint": r.checkpoint,
         "epochs": _round(r.epochs, 4), "repeat_warning": r.repeat_warning,
-        "wall_clock_dependent": r.wall_clock_dependent,
+        "wall_clock_dependent": r.wall_clock_dependent, "placement": r.placement or "single", "wire": r.wire,
     }
     if r.loss_curve_std is not None:
         out["loss_curve_std"] = [round(v, 4) for v in r.loss_curve_std]
@@ -100,17 +101,23 @@ def build_report(cfg: RunConfig, results: dict, interrupted: bool = False, isola
     extra = objective_bytes(cfg.model, len(seams), cfg.seams.objective)
     device = resolve_device(cfg.train.device)
     flops = peak["flops_per_s"] if peak else None
-    arms = {arm: report_arm(arm, results.get(arm), (costs or {}).get(arm), flops) for arm in ARMS}
+    names = study_arms(cfg.seams.arms)
+    arms = {arm: report_arm(arm, results.get(arm), (costs or {}).get(arm), flops) for arm in names}
     statuses = [a["status"] for a in arms.values()]
     # a failed arm outranks one never run (a launch of one arm, or a study stopped by the failure)
     status = "interrupted" if interrupted or "interrupted" in statuses else \
         "failed" if "failed" in statuses else "interrupted" if "not_run" in statuses else "complete"
-    e2e, local = arms["e2e"], arms["local"]
+    e2e = arms["e2e"]
 
     def mem(a, growth=False):  # an arm that never stepped measured nothing worth comparing
         if not a["steps"]:
             return None
         return _mem(a)[1 if growth else 0]
+
+    def over_e2e(a):
+        return {"tokens_per_s": _ratio(a["tokens_per_s"], e2e["tokens_per_s"]), "peak_memory": _ratio(mem(a), mem(e2e)),
+                "memory_growth": _ratio(mem(a, True), mem(e2e, True)),
+                "memory_kind": "vram" if e2e["peak_vram_bytes"] is not None else "rss"}
     m = cfg.model
     return {
         "config": {"vocab": m.vocab, "dim": m.dim, "n_blocks": m.n_blocks, "n_heads": m.n_heads, "seq": m.seq,
@@ -134,10 +141,7 @@ def build_report(cfg: RunConfig, results: dict, interrupted: bool = False, isola
         "objective_bytes": {**extra, **objective_ratios(b, extra)},
         "lr_schedule": cfg.train.lr_schedule,
         "order": cfg.seams.order if isolated else "sequential, in one process",
-        "local_over_e2e": {"tokens_per_s": _ratio(local["tokens_per_s"], e2e["tokens_per_s"]),
-                           "peak_memory": _ratio(mem(local), mem(e2e)),
-                           "memory_growth": _ratio(mem(local, True), mem(e2e, True)),
-                           "memory_kind": "vram" if e2e["peak_vram_bytes"] is not None else "rss"},
+        **{f"{a}_over_e2e": over_e2e(arms[a]) for a in names[1:]},
         "matmul_peak": peak,
         "arm_isolation": "process" if isolated else "none",
         "checkpoints": {arm: a.get("checkpoint") for arm, a in arms.items()},
@@ -185,18 +189,19 @@ def mean_result(rs: list[ArmResult | None]) -> ArmResult | None:
 def study_report(cfg: RunConfig, runs: list[dict], interrupted: bool, isolated: bool, costs: dict,
                  peak: dict | None) -> dict:
     """The whole study: means at the reference keys, every seed in `repeats`, the `aggregate`."""
-    means = {arm: mean_result([r["results"].get(arm) for r in runs]) for arm in ARMS}
+    names = study_arms(cfg.seams.arms)
+    means = {arm: mean_result([r["results"].get(arm) for r in runs]) for arm in names}
     report = build_report(cfg, {a: r for a, r in means.items() if r is not None}, interrupted, isolated, costs, peak)
     repeats = []
     for r in runs:
         one = {a: report_arm(a, r["results"].get(a), costs.get(a), peak["flops_per_s"] if peak else None)
-               for a in ARMS}
-        for a in ARMS:
+               for a in names}
+        for a in names:
             one[a].pop("loss_curve_segments", None)
         repeats.append({"seed": r["seed"], "arms": one, **r["views"]})
-    # seeds whose arms both completed with a finite held-out loss: the pairs the aggregate compares
+    # seeds whose arms all completed with a finite held-out loss: the pairs the aggregate compares
     done = [r for r in runs if all(a in r["results"] and r["results"][a].status == "complete"
-                                   and r["results"][a].final_loss is not None for a in ARMS)]
+                                   and r["results"][a].final_loss is not None for a in names)]
 
     def per(arm, fn):
         return stats([fn(r["results"][arm]) for r in done])
@@ -204,22 +209,28 @@ def study_report(cfg: RunConfig, runs: list[dict], interrupted: bool, isolated: 
                  "tokens_per_s": per(arm, lambda x: x.tokens_per_s),
                  "peak_memory_bytes": per(arm, lambda x: x.memory[0]),
                  "memory_growth_bytes": per(arm, lambda x: x.memory[1]),
-                 "lr_final": per(arm, lambda x: x.lr_final)} for arm in ARMS}
-    e, lo = (lambda r: r["results"]["e2e"]), (lambda r: r["results"]["local"])
+                 "lr_final": per(arm, lambda x: x.lr_final)} for arm in names}
+
+    def e(r):
+        return r["results"]["e2e"]
 
     def ratio(x, y):
         return x / y if x and y else None
-    last_gap = [r["views"]["equal_tokens"][-1]["gap_local_minus_e2e"] if r["views"].get("equal_tokens") else None
-                for r in done]
-    ttt = [(r["views"].get("time_to_target") or {}).get("local_over_e2e") for r in done]
-    agg["paired"] = {
-        "loss_gap_local_minus_e2e": stats([lo(r).final_loss - e(r).final_loss for r in done]),
-        "tokens_per_s_local_over_e2e": stats([ratio(lo(r).tokens_per_s, e(r).tokens_per_s) for r in done]),
-        "memory_growth_local_over_e2e": stats([ratio(lo(r).memory[1], e(r).memory[1]) for r in done]),
-        "peak_memory_local_over_e2e": stats([ratio(lo(r).memory[0], e(r).memory[0]) for r in done]),
-        "equal_tokens_gap_local_minus_e2e": stats(last_gap),
-        "time_to_target_local_over_e2e": stats(ttt),
-    }
+    agg["paired"] = {}
+    for a in names[1:]:  # every arm against e2e, seed by seed
+        def lo(r, a=a):
+            return r["results"][a]
+        last_gap = [r["views"]["equal_tokens"][-1][f"gap_{a}_minus_e2e"] if r["views"].get("equal_tokens") else None
+                    for r in done]
+        ttt = [(r["views"].get("time_to_target") or {}).get(f"{a}_over_e2e") for r in done]
+        agg["paired"].update({
+            f"loss_gap_{a}_minus_e2e": stats([lo(r).final_loss - e(r).final_loss for r in done]),
+            f"tokens_per_s_{a}_over_e2e": stats([ratio(lo(r).tokens_per_s, e(r).tokens_per_s) for r in done]),
+            f"memory_growth_{a}_over_e2e": stats([ratio(lo(r).memory[1], e(r).memory[1]) for r in done]),
+            f"peak_memory_{a}_over_e2e": stats([ratio(lo(r).memory[0], e(r).memory[0]) for r in done]),
+            f"equal_tokens_gap_{a}_minus_e2e": stats(last_gap),
+            f"time_to_target_{a}_over_e2e": stats(ttt),
+        })
     agg["repeats_complete"] = len(done)
     report.update({"repeats_requested": cfg.seams.repeats, "seeds": [r["seed"] for r in runs], "repeats": repeats,
                    "aggregate": agg})
@@ -242,6 +253,39 @@ def _pm(s: dict | None, fmt: str) -> str:
     if s.get("ci95"):
         return f"{s['mean']:{fmt}} ± {(s['ci95'][1] - s['ci95'][0]) / 2:{fmt}}"
     return f"{s['mean']:{fmt}}"
+
+
+def placement_block(devices: int, chosen: dict[str, str], speeds: dict[str, dict], source: str, seconds: float = 0.0,
+                 spread: dict | None = None) -> dict:
+    """The report's `placement` keys on every placement: the budget, where each arm ran, every
+    candidate's speed (None: not measured), where the speeds come from and the calibration's
+    seconds, and each other arm's speed where it ran over the fastest e2e candidate's
+    (`local_over_best_e2e`; both from the same calibration)."""
+    e2e = {n: v for n, v in speeds.get("e2e", {}).items() if v is not None}
+    best = max(e2e, key=e2e.get) if e2e else None
+
+    def over_best(arm):
+        v = speeds.get(arm, {}).get(chosen.get(arm))
+        return v / e2e[best] if best and v else None
+    return {"devices": devices, "chosen": dict(chosen), "candidates": speeds, "source": source,
+            "calibration_s": seconds, "calibration_spread": spread, "fastest_e2e": best,
+            **{f"{a}_over_best_e2e": over_best(a) for a in chosen if a != "e2e"}}
+
+
+def placement_lines(pl: dict | None) -> list[str]:
+    """The hardware budget, each arm's placement and the candidates' speeds, as text lines."""
+    if not pl or pl.get("devices", 1) <= 1:
+        return []
+    lines = ["", f"placement on {pl['devices']} devices: e2e on {pl['chosen']['e2e']}, local on {pl['chosen']['local']} "
+                 f"(speeds: {pl['source']}; calibration {pl['calibration_s']:.0f} s, outside the budgets)"]
+    for arm, speeds in pl["candidates"].items():
+        lines.append(f"  {arm}: " + ", ".join(f"{n} {'-' if v is None else f'{v:,.0f}'}" for n, v in speeds.items())
+                     + " tok/s")
+    for arm in pl["chosen"]:
+        if pl.get(f"{arm}_over_best_e2e") is not None:
+            lines.append(f"  {arm} on {pl['chosen'][arm]} over the fastest e2e ({pl['fastest_e2e']}): "
+                         f"{pl[f'{arm}_over_best_e2e']:.2f}x")
+    return lines
 
 
 def summary_table(report: dict) -> str:
@@ -268,22 +312,27 @@ def summary_table(report: dict) -> str:
         lines.append(f"({n} seed{'s' if n != 1 else ''} {report.get('seeds')}; mean ± 95% half-width where n > 1; "
                      f"order {report.get('order')}, LR schedule {report.get('lr_schedule')})")
     reps = report.get("repeats") or []
+    names = list(report["arms"])
     if reps and reps[0].get("equal_tokens"):
         lines += ["", "held-out loss at equal tokens (seed " + str(reps[0]["seed"]) + "):",
-                  "  tokens        e2e       local     local-e2e"]
+                  "  tokens      " + "".join(f"{a:>10}" for a in names)
+                  + "".join(f"{a + '-e2e':>14}" for a in names[1:])]
         for row in reps[0]["equal_tokens"]:
-            lines.append(f"  {row['tokens']:>10,}  {row['e2e']['loss']:.4f}    {row['local']['loss']:.4f}    "
-                         f"{row['gap_local_minus_e2e']:+.4f}")
+            lines.append(f"  {row['tokens']:>10,}" + "".join(f"{row[a]['loss']:>10.4f}" for a in names)
+                         + "".join(f"{row[f'gap_{a}_minus_e2e']:>+14.4f}" for a in names[1:]))
         ttt = reps[0].get("time_to_target")
         if ttt:
             s = ttt["seconds"]
             fmt = (lambda v: "-" if v is None else f"{v:.1f} s")
-            lines.append(f"time to held-out loss {ttt['target_loss']:.4f}: e2e {fmt(s['e2e'])}, local {fmt(s['local'])}")
+            lines.append(f"time to held-out loss {ttt['target_loss']:.4f}: "
+                         + ", ".join(f"{a} {fmt(s[a])}" for a in names))
     p = agg.get("paired", {})
-    if p.get("loss_gap_local_minus_e2e"):
-        lines.append(f"paired over seeds: loss gap local-e2e {_pm(p['loss_gap_local_minus_e2e'], '+.4f')}, "
-                     f"tokens/s local/e2e {_pm(p.get('tokens_per_s_local_over_e2e'), '.3f')}, "
-                     f"memory growth local/e2e {_pm(p.get('memory_growth_local_over_e2e'), '.3f')}")
+    for a in names[1:]:
+        if p.get(f"loss_gap_{a}_minus_e2e"):
+            lines.append(f"paired over seeds: loss gap {a}-e2e {_pm(p[f'loss_gap_{a}_minus_e2e'], '+.4f')}, "
+                         f"tokens/s {a}/e2e {_pm(p.get(f'tokens_per_s_{a}_over_e2e'), '.3f')}, "
+                         f"memory growth {a}/e2e {_pm(p.get(f'memory_growth_{a}_over_e2e'), '.3f')}")
+    lines += placement_lines(report.get("placement"))
     b, ob = report["bytes"], report.get("objective_bytes", {})
     lines.append("")
     lines.append(f"traffic per step ({b['seams']} seams): e2e {_human_bytes(b['e2e_per_step'])} + allreduce "
@@ -292,12 +341,13 @@ def summary_table(report: dict) -> str:
                     if ob.get("extra_per_step") else ""))
     lines.append(f"traffic e2e/local: {report['traffic_ratio_e2e_over_local']} with allreduce, "
                  f"{report.get('traffic_ratio_no_allreduce', '-')} without")
-    r = report.get("local_over_e2e", {})
-    if r:
-        tps = "-" if r.get("tokens_per_s") is None else f"{r['tokens_per_s']:.2f}x"
-        mem = "-" if r.get("peak_memory") is None else f"{r['peak_memory']:.2f}x"
-        gro = "-" if r.get("memory_growth") is None else f"{r['memory_growth']:.2f}x"
-        lines.append(f"local/e2e: tokens/s {tps}, peak {r.get('memory_kind', kind)} {mem}, growth {gro}")
+    for a in names[1:]:
+        r = report.get(f"{a}_over_e2e", {})
+        if r:
+            tps = "-" if r.get("tokens_per_s") is None else f"{r['tokens_per_s']:.2f}x"
+            mem = "-" if r.get("peak_memory") is None else f"{r['peak_memory']:.2f}x"
+            gro = "-" if r.get("memory_growth") is None else f"{r['memory_growth']:.2f}x"
+            lines.append(f"{a}/e2e: tokens/s {tps}, peak {r.get('memory_kind', kind)} {mem}, growth {gro}")
     costs = {a: report["arms"][a].get("costs") for a in report["arms"]}
     if all(costs.values()):
         lines.append("per token: " + ", ".join(

@@ -50,6 +50,10 @@ class ArmResult:
     wall_clock_dependent: bool | None = None
     checkpoint_path: str | None = None
     failed_rank: int | None = None  # pipeline stages: the rank whose segment failed
+    placement: str | None = None  # where it ran (seams.placement): single, dp, pipe:SCHEDULE:M, stages
+    # a multi-process arm's measured traffic per step: activations and gradients across its
+    # crossings (pipe, stages) or the gradient allreduce (dp), and its ranks' wait share
+    wire: dict | None = None
     slices: list | dict | None = None  # interleaved study: tokens/s of each turn (a summary in a mean)
     snapshots: list | None = None  # interleaved study: weights kept for the equal-token view
 

@@ -134,11 +134,20 @@ def study_state_path(out_path) -> Path:
     return out_path.parent / "checkpoints" / f"{out_path.stem}_study.json"
 
 
-def save_study(out_path, cfg: RunConfig, runs: list[dict]) -> None:
-    """Every repeat's results so far, atomically (snapshots' paths included, for the held-out views)."""
+def save_study(out_path, cfg: RunConfig, runs: list[dict], placement: dict | None = None) -> None:
+    """Every repeat's results so far, atomically (snapshots' paths included, for the held-out
+    views), and where the arms run (`placement`: the report's block), so a resumed study keeps it."""
     plain = [{**r, "results": {a: x.to_dict() for a, x in r["results"].items()}} for r in runs]
     with atomic_file(study_state_path(out_path), "w") as f:
-        json.dump({"config": cfg.to_dict(), "runs": plain}, f)
+        json.dump({"config": cfg.to_dict(), "runs": plain, "placement": placement}, f)
+
+
+def saved_placement(out_path) -> dict | None:
+    """The placement block a study at `out_path` saved (None: none saved, or no state file)."""
+    try:
+        return json.loads(study_state_path(out_path).read_text()).get("placement")
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 def check_study(out_path) -> None:

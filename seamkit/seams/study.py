@@ -1,13 +1,16 @@
 """The seams study: e2e against local under one wall-clock budget, repeated over seeds, one report.
 
-What it runs (`seams_study`): for each of `seams.repeats` seeds (train.seed, +1, ...; both arms
-share each seed: same init, same batches) both arms train under `train.budget_seconds`, each in
-its own process, taking turns in slices (`processes.run_arms`; `seams.order`), so a busy neighbour
-slows both alike. Then, off every clock, in this process:
+What it runs (`seams_study`): both arms get one hardware budget, `seams.devices` N, and each runs
+on a placement within it (`seams.placement`: one process, data parallel, pipeline stages; `best`
+gives each arm its fastest candidate, `calibration`). For each of `seams.repeats` seeds
+(train.seed, +1, ...; both arms share each seed: same init, same batches) both arms train under
+`train.budget_seconds`, each in its own process (an arm on N ranks: coordinated from it,
+`pipeline.placed`), taking turns in slices (`processes.run_arms`; `seams.order`), so a busy
+neighbour slows both alike. Then, off every clock, in this process:
 
 - equal tokens: both arms' held-out loss at `seams.token_marks` common token counts, the last
   the largest step both arms kept a snapshot of at or below what the slower arm reached
-  (`arms.Snapshots` keeps a doubling grid of steps, so the last mark is within a grid step of it);
+  (`snapshots.Snapshots` keeps a doubling grid of steps, so the last mark is within a grid step of it);
 - time to target: the training seconds each arm needs to reach the held-out loss both arms
   reach (the worse of the two final losses), linearly interpolated between held-out points
   (the equal-token marks and the final evaluation);
@@ -28,30 +31,35 @@ written with status "interrupted" (it is written atomically, whole or not at all
 from __future__ import annotations
 
 import shutil
+import sys
 from pathlib import Path
 from typing import Callable
 
 import torch
 
+from seamkit import config as C
 from seamkit.config import ConfigError, RunConfig, override
 from seamkit.costs import matmul_peak
 from seamkit.data.load import load_corpus
 from seamkit.loop import ProgressBars, evaluate_model, fanout, held_out
 from seamkit.model import GPT, autocast, param_dtype, resolve_device
 from seamkit.report import write_report
+from seamkit.seams import placement as P
 from seamkit.seams import processes as A
 from seamkit.seams import resume as R
-from seamkit.seams.arm import ARMS, checkpoint_path, run_arm
+from seamkit.seams.arm import checkpoint_path, run_arm
+from seamkit.seams.calibration import calibrate, fastest
 from seamkit.seams.costs import arm_costs
 from seamkit.seams.cuts import parse_seams
-from seamkit.seams.report import study_report
+from seamkit.seams.report import placement_block, study_report
+from seamkit.seams.snapshots import Snapshots
 from seamkit.stats import held_out_time_to_target
 from seamkit.threads import resolve_threads
 
 
 def equal_token_marks(snapshots: dict, steps: dict, marks: int) -> list[int]:
-    """Common snapshot steps at most the slower arm's steps: `marks` of them spread up to the largest."""
-    common = sorted(set.intersection(*({s["step"] for s in snapshots[a]} for a in ARMS)))
+    """Common snapshot steps at most the slowest arm's steps: `marks` of them spread up to the largest."""
+    common = sorted(set.intersection(*({s["step"] for s in snapshots[a]} for a in snapshots)))
     common = [s for s in common if s <= min(steps.values())]
     if not common:
         return []
@@ -61,35 +69,39 @@ def equal_token_marks(snapshots: dict, steps: dict, marks: int) -> list[int]:
 
 
 def held_out_views(cfg: RunConfig, corpus, results: dict) -> dict:
-    """The equal-token table and time to target of one seed, from the arms' snapshots."""
+    """The equal-token table and time to target of one seed, from the arms' snapshots; every arm
+    but e2e is compared with e2e (`gap_<arm>_minus_e2e`, `<arm>_over_e2e`)."""
+    arms = C.study_arms(cfg.seams.arms)
     if not all(a in results and results[a].status == "complete" and results[a].final_loss is not None
-               for a in ARMS):  # a held-out loss that was not finite: nothing to compare against
+               for a in arms):  # a held-out loss that was not finite: nothing to compare against
         return {"equal_tokens": [], "time_to_target": None}
     device = resolve_device(cfg.train.device)
     batches = held_out(corpus, cfg, device=device)
     per_step = cfg.data.batch * cfg.model.seq
-    snaps = {a: {s["step"]: s for s in results[a].snapshots or []} for a in ARMS}
-    marks = equal_token_marks({a: list(snaps[a].values()) for a in ARMS},
-                              {a: results[a].steps for a in ARMS}, cfg.seams.token_marks)
+    snaps = {a: {s["step"]: s for s in results[a].snapshots or []} for a in arms}
+    marks = equal_token_marks({a: list(snaps[a].values()) for a in arms},
+                              {a: results[a].steps for a in arms}, cfg.seams.token_marks)
     model = GPT(cfg.model).to(device=device, dtype=param_dtype(cfg.train.dtype))
-    rows, points = [], {a: [(results[a].elapsed_s, results[a].final_loss)] for a in ARMS}
+    rows, points = [], {a: [(results[a].elapsed_s, results[a].final_loss)] for a in arms}
     for step in marks:
         row = {"step": step, "tokens": step * per_step}
-        for a in ARMS:
+        for a in arms:
             s = snaps[a][step]
             model.load_state_dict(torch.load(s["path"], map_location=device, weights_only=True))
             loss, err = evaluate_model(model, batches, lambda: autocast(device, cfg.train.dtype))
             row[a] = {"loss": loss, "stderr": err, "elapsed_s": s["elapsed_s"]}
             points[a].append((s["elapsed_s"], loss))
-        row["gap_local_minus_e2e"] = row["local"]["loss"] - row["e2e"]["loss"]
+        for a in arms[1:]:
+            row[f"gap_{a}_minus_e2e"] = row[a]["loss"] - row["e2e"]["loss"]
         rows.append(row)
-    target = max(results[a].final_loss for a in ARMS)
+    target = max(results[a].final_loss for a in arms)  # the loss every arm reaches
     reach = {a: held_out_time_to_target(p, target) for a, p in points.items()}
-    return {"equal_tokens": rows, "slower_arm_tokens": min(results[a].steps for a in ARMS) * per_step,
-            "time_to_target": {"target_loss": target, "seconds": reach,
-                               "local_over_e2e": reach["local"] / reach["e2e"]
-                               if reach["e2e"] and reach["local"] is not None else None,
-                               "points": {a: [list(q) for q in sorted(p)] for a, p in points.items()}}}
+    ttt = {"target_loss": target, "seconds": reach,
+           **{f"{a}_over_e2e": reach[a] / reach["e2e"] if reach["e2e"] and reach[a] is not None else None
+              for a in arms[1:]},
+           "points": {a: [list(q) for q in sorted(p)] for a, p in points.items()}}
+    return {"equal_tokens": rows, "slower_arm_tokens": min(results[a].steps for a in arms) * per_step,
+            "time_to_target": ttt}
 
 
 def seams_study(cfg: RunConfig, out_path, callback: Callable[[dict], None] | None = None, progress: bool = True,
@@ -112,18 +124,26 @@ def seams_study(cfg: RunConfig, out_path, callback: Callable[[dict], None] | Non
     out_path = Path(out_path)
     parse_seams(cfg.seams.seams, cfg.model.n_blocks)  # a bad seam spec fails before any training
     kept = R.load_study(out_path, cfg) if resume else []
-    ckpts = [{arm: checkpoint_path(out_path, arm, k) for arm in ARMS} for k in range(cfg.seams.repeats)]
+    arms = C.study_arms(cfg.seams.arms)
+    ckpts = [{arm: checkpoint_path(out_path, arm, k) for arm in arms} for k in range(cfg.seams.repeats)]
     if resume:  # every checkpoint fits this config, before any training
         for k, paths in enumerate(ckpts):
             for arm, path in paths.items():
                 if path.exists():
                     R.peek(path, override(cfg, {"train.seed": cfg.train.seed + k}), arm)
+    devices = P.resolve_devices(cfg)
+    named = P.check(cfg, devices)  # a placement that cannot run says why before anything starts
     corpus = load_corpus(cfg.data)  # fills the cache once, and data errors surface here
-    if cfg.train.threads == 0:  # chosen once, so both arms (and every repeat) get the same count
+    if cfg.train.threads == 0 and devices == 1:  # chosen once, so both arms (and every repeat) get the same count
         started = R.started_threads([R.study_state_path(out_path)] + sorted(
             R.study_state_path(out_path).parent.glob(f"{out_path.stem}_*.pt"))) if resume else 0
         cfg = override(cfg, {"train.threads": started or resolve_threads(0)})
-    torch.set_num_threads(cfg.train.threads)
+    torch.set_num_threads(cfg.train.threads or devices)
+    saved = R.saved_placement(out_path) if resume else None
+    # a resumed study keeps where its arms ran: its seeds stay paired on the same placements
+    placed = saved if saved and saved.get("devices") == devices else choose_placements(cfg, devices, named, progress)
+    if not isolate and any(p != "single" for p in placed["chosen"].values()):
+        raise ConfigError("a study whose arms run on several processes needs isolate=True")
     costs = arm_costs(cfg, corpus)
     peak = matmul_peak(resolve_device(cfg.train.device))
     R.clean_study(out_path, [p for paths in ckpts for p in paths.values()])
@@ -132,17 +152,43 @@ def seams_study(cfg: RunConfig, out_path, callback: Callable[[dict], None] | Non
             for path in paths.values():
                 path.unlink(missing_ok=True)
     # the state from the start: a study killed before its arms checkpointed can still be resumed
-    R.save_study(out_path, cfg, kept)
+    R.save_study(out_path, cfg, kept, placed)
     with R.sigint_stops() as stop:
-        runs, interrupted = _repeats(cfg, corpus, out_path, ckpts, kept, callback, progress, isolate, resume, stop)
+        runs, interrupted = _repeats(cfg, corpus, out_path, ckpts, kept, callback, progress, isolate, resume, stop,
+                                     placed, devices)
     report = study_report(cfg, runs, interrupted, isolate, costs, peak)
+    report["placement"] = placed
     report["corpus"] = corpus.summary()  # its size in tokens; each arm's `epochs` says how often it was read
     write_report(out_path, report, "seams")
     return report
 
 
+def choose_placements(cfg: RunConfig, devices: int, named: dict, progress: bool = False) -> dict:
+    """The report's placement block (`report.placement_block`): each arm's placement within
+    `devices`, the one `seams.placement` names, else the fastest candidate (`calibration`). One
+    device: every arm in one process, nothing to calibrate."""
+    arms = C.study_arms(cfg.seams.arms)
+    if devices == 1:
+        return placement_block(1, {a: "single" for a in arms}, {a: {"single": None} for a in arms},
+                               "one device: every arm in one process")
+    cands = P.candidates(cfg, devices)
+    speeds = {"tokens_per_s": {a: {p.name: None for p in ps} for a, ps in cands.items()}, "seconds": 0.0,
+              "source": "named by seams.placement"}
+    if len(named) < len(arms):
+        speeds = calibrate(cfg, devices, cands, _say_calibrating if progress else None)
+    chosen = {a: named[a].name if a in named else fastest(speeds["tokens_per_s"][a]) for a in arms}
+    return placement_block(devices, chosen, speeds["tokens_per_s"], speeds["source"], speeds["seconds"],
+                          speeds.get("spread"))
+
+
+def _say_calibrating(e: dict) -> None:
+    print(f"seamkit: calibrating placements {e['index'] + 1}/{e['of']}: {e['arm']} on {e['placement']}",
+          file=sys.stderr, flush=True)
+
+
 def _repeats(cfg: RunConfig, corpus, out_path: Path, ckpts: list[dict], kept: list[dict], callback, progress: bool,
-             isolate: bool, resume: bool, stop: Callable[[], bool]) -> tuple[list[dict], bool]:
+             isolate: bool, resume: bool, stop: Callable[[], bool], placed: dict,
+             devices: int) -> tuple[list[dict], bool]:
     """Every repeat in turn (kept ones as they are), the state saved after each; (runs, interrupted)."""
     bars = ProgressBars() if progress else None
     runs, interrupted = [], False
@@ -165,15 +211,15 @@ def _repeats(cfg: RunConfig, corpus, out_path: Path, ckpts: list[dict], kept: li
         if not resume:
             shutil.rmtree(snap_dir, ignore_errors=True)
         results = {a: r for a, r in prior.get("results", {}).items() if r.status in R.ENDED}
-        todo = tuple(a for a in ARMS if a not in results)
+        todo = tuple(a for a in C.study_arms(cfg.seams.arms) if a not in results)
         try:
             if isolate:
                 new, interrupted = A.run_arms(c, ckpts[k], cb, c.seams.order, snap_dir, arms=todo, resume=resume,
-                                              stop=stop)
+                                              stop=stop, placements=placed["chosen"], devices=devices)
                 results.update(new)
             else:
                 for arm in todo:
-                    snaps = A.Snapshots(Path(snap_dir) / arm, 8 * c.seams.token_marks)
+                    snaps = Snapshots(Path(snap_dir) / arm, 8 * c.seams.token_marks)
                     path = ckpts[k][arm]
                     ckpt = R.load_arm(path, c, arm) if resume and path.exists() else None
                     if ckpt is not None:
@@ -198,7 +244,7 @@ def _repeats(cfg: RunConfig, corpus, out_path: Path, ckpts: list[dict], kept: li
                 r.snapshots = None
             shutil.rmtree(snap_dir, ignore_errors=True)
         runs.append({"seed": seed, "results": results, "views": views, "finished": not interrupted})
-        R.save_study(out_path, cfg, runs)
+        R.save_study(out_path, cfg, runs, placed)
         if interrupted:
             break
     return runs, interrupted

@@ -18,10 +18,11 @@ import io
 import math
 import statistics
 
+from seamkit.config import STUDY_ARMS
 from seamkit.report import provenance
 from seamkit.stats import stats, train_curve_time_to_target
 
-ARMS = ("e2e", "local")
+ARMS = ("e2e", "local")  # the reference report's arms, in every seams report
 
 
 def _num(x) -> float | None:
@@ -36,17 +37,18 @@ def _median(values) -> float | None:
 def seams_figures(report: dict) -> dict:
     out = {}
     arms = report.get("arms", {})
-    for arm in ARMS:
+    for arm in [a for a in STUDY_ARMS if a in arms] or ARMS:
         a = arms.get(arm, {})
         out[f"{arm}_final_loss"] = _num(a.get("final_loss"))
         out[f"{arm}_tokens_per_s"] = _num(a.get("tokens_per_s"))
         mem = a.get("peak_vram_bytes") if a.get("peak_vram_bytes") is not None else a.get("peak_rss_bytes")
         out[f"{arm}_peak_memory_bytes"] = _num(mem)
-    if out["local_final_loss"] is not None and out["e2e_final_loss"] is not None:
-        out["loss_gap"] = out["local_final_loss"] - out["e2e_final_loss"]
-    for k, v in (report.get("local_over_e2e") or {}).items():
-        if _num(v) is not None:
-            out[f"local_over_e2e_{k}"] = _num(v)
+    for arm in [a for a in STUDY_ARMS[1:] if a in arms] or ARMS[1:]:
+        if out[f"{arm}_final_loss"] is not None and out["e2e_final_loss"] is not None:  # local's is `loss_gap`
+            out["loss_gap" if arm == "local" else f"{arm}_loss_gap"] = out[f"{arm}_final_loss"] - out["e2e_final_loss"]
+        for k, v in (report.get(f"{arm}_over_e2e") or {}).items():
+            if _num(v) is not None:
+                out[f"{arm}_over_e2e_{k}"] = _num(v)
     for k in ("traffic_ratio_e2e_over_local", "traffic_ratio_no_allreduce"):
         if _num(report.get(k)) is not None:
             out[k] = _num(report[k])
@@ -87,7 +89,7 @@ def aggregate(plan: dict, points: list[dict], target: float | None = None) -> di
     main = [p for p in points if p["study"] == study]
     done = [p for p in main if p["status"] == "complete"]
     if study == "seams" and target is None:
-        mins = [curve_minimum(p["report"], arm) for p in done for arm in ARMS]
+        mins = [curve_minimum(p["report"], arm) for p in done for arm in p["report"].get("arms", ARMS)]
         mins = [m for m in mins if m is not None]
         target = max(mins) if mins else None
     rows = []
@@ -98,7 +100,7 @@ def aggregate(plan: dict, points: list[dict], target: float | None = None) -> di
             figures = seams_figures(rep) if p["study"] == "seams" else pruning_figures(rep)
             if p["study"] == "seams" and target is not None:
                 figures.update({f"{arm}_train_curve_time_to_target_s": train_curve_seconds(rep, arm, target)
-                                for arm in ARMS})
+                                for arm in rep.get("arms", ARMS)})
         rows.append({**{k: v for k, v in p.items() if k != "report"}, "figures": figures})
     names = list(dict.fromkeys(k for r in rows if r["study"] == study for k in r["figures"]))
     groups: dict = {}

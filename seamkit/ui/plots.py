@@ -7,7 +7,7 @@ import plotly.graph_objects as go
 
 # ----------------------------------------------------------------------------- seams report
 
-SEAMS_ARM_COLORS = {"e2e": "#1f77b4", "local": "#ff7f0e"}
+SEAMS_ARM_COLORS = {"e2e": "#1f77b4", "local": "#ff7f0e", "delayed": "#2ca02c"}
 
 
 def _seams_curve_x(report: dict, arm: str, axis: str) -> list:
@@ -116,7 +116,7 @@ def seams_equal_tokens_figure(report: dict) -> go.Figure:
 
 
 def seams_time_to_target_figure(report: dict) -> go.Figure:
-    """Training seconds each arm needs to reach the held-out loss both reach, per seed."""
+    """Training seconds each arm needs to reach the held-out loss every arm reaches, per seed."""
     fig = go.Figure()
     for arm in report["arms"]:
         xs, ys = [], []
@@ -126,7 +126,7 @@ def seams_time_to_target_figure(report: dict) -> go.Figure:
                 xs.append(f"seed {rep['seed']} (loss {ttt['target_loss']:.3f})")
                 ys.append(ttt["seconds"][arm])
         fig.add_trace(go.Bar(x=xs, y=ys, name=arm, marker_color=SEAMS_ARM_COLORS.get(arm)))
-    fig.update_layout(barmode="group", title="time to the held-out loss both arms reach",
+    fig.update_layout(barmode="group", title="time to the held-out loss every arm reaches",
                       yaxis_title="training seconds", template="plotly_white")
     return fig
 
@@ -160,11 +160,29 @@ def seams_traffic_figure(report: dict) -> go.Figure:
     return fig
 
 
+def seams_placement_figure(report: dict) -> go.Figure:
+    """Every placement candidate's calibrated tokens/s per arm; the ones the arms ran on filled."""
+    pl = report["placement"]
+    fig = go.Figure()
+    for arm, speeds in pl["candidates"].items():
+        names = [n for n, v in speeds.items() if v is not None]
+        chosen = pl["chosen"][arm]
+        fig.add_bar(x=[f"{arm} {n}" for n in names], y=[speeds[n] for n in names], name=arm,
+                    marker={"color": SEAMS_ARM_COLORS[arm],
+                            "opacity": [1.0 if n == chosen else 0.35 for n in names]})
+    fig.update_layout(title=f"placements on {pl['devices']} devices (filled: where each arm ran)",
+                      yaxis_title="tokens/s (calibration)", template="plotly_white", height=360)
+    return fig
+
+
 def seams_figures(report: dict) -> dict[str, go.Figure]:
     """Every seams figure of a report, by name."""
     figs = {"loss_seconds": seams_loss_figure(report, "seconds"), "loss_tokens": seams_loss_figure(report, "tokens"),
             "throughput": seams_throughput_figure(report), "memory": seams_memory_figure(report),
             "traffic": seams_traffic_figure(report)}
+    pl = report.get("placement") or {}
+    if any(v is not None for speeds in (pl.get("candidates") or {}).values() for v in speeds.values()):
+        figs["placement"] = seams_placement_figure(report)
     if any(rep.get("equal_tokens") for rep in report.get("repeats") or []):
         figs["equal_tokens"] = seams_equal_tokens_figure(report)
         figs["time_to_target"] = seams_time_to_target_figure(report)

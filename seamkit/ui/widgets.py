@@ -27,7 +27,7 @@ from IPython.display import display
 from seamkit import config as C
 from seamkit.ui.plots import SEAMS_ARM_COLORS
 
-ARMS = ("e2e", "local")
+ARMS = C.STUDY_ARMS  # a bar and a curve for every arm a study may run
 
 
 # ----------------------------------------------------------------------------- configs and paths
@@ -133,6 +133,14 @@ class SeamsPanel(W.VBox):
         self.repeats = W.BoundedIntText(value=cfg.seams.repeats, min=1, max=100, description="repeats",
                                         style=style, layout=W.Layout(width="130px"))
         self.order = W.Dropdown(options=list(C.ORDERS), value=cfg.seams.order, description="order", style=style)
+        self.devices = W.Text(value=str(cfg.seams.devices or "auto"), description="devices", style=style,
+                              layout=W.Layout(width="140px"), placeholder="auto or N")
+        self.placement = W.Text(value=cfg.seams.placement, description="placement", style=style,
+                                layout=W.Layout(width="300px"), placeholder="best or e2e=dp,local=stages")
+        self.arms = W.Text(value=cfg.seams.arms, description="arms", style=style, layout=W.Layout(width="220px"),
+                           placeholder="e2e,local or e2e,local,delayed")
+        self.delay = W.BoundedIntText(value=cfg.seams.delay, min=0, max=1000, description="delay",
+                                      style=style, layout=W.Layout(width="120px"))
         self.run = W.Button(description="Run", button_style="primary", icon="play",
                             tooltip="train both arms for the budget each, for every seed")
         self.bars = {arm: W.IntProgress(value=0, min=0, max=100, description=arm, style=style) for arm in ARMS}
@@ -149,7 +157,8 @@ class SeamsPanel(W.VBox):
         self.run.on_click(self._on_run)
         super().__init__([
             W.HBox([self.preset, self.budget, self.objective, self.seams]),
-            W.HBox([self.repeats, self.order, self.run]),
+            W.HBox([self.repeats, self.order, self.arms, self.delay]),
+            W.HBox([self.devices, self.placement, self.run]),
             *(W.HBox([self.bars[arm], self.notes[arm]]) for arm in ARMS),
             self.status, self.figure, self.result,
         ])
@@ -158,11 +167,15 @@ class SeamsPanel(W.VBox):
         """The config Run would train: preset + settings + the widgets' values."""
         return build_config(self.preset.value, self.settings, {
             "train.budget_seconds": self.budget.value, "seams.objective": self.objective.value,
-            "seams.seams": self.seams.value, "seams.repeats": self.repeats.value, "seams.order": self.order.value})
+            "seams.seams": self.seams.value, "seams.repeats": self.repeats.value, "seams.order": self.order.value,
+            "seams.devices": 0 if self.devices.value.strip().lower() == "auto" else self.devices.value,
+            "seams.placement": self.placement.value, "seams.arms": self.arms.value, "seams.delay": self.delay.value})
 
     def _on_preset(self, change) -> None:
         cfg = build_config(change["new"], self.settings)
         self.budget.value, self.repeats.value = cfg.train.budget_seconds, cfg.seams.repeats
+        self.devices.value, self.placement.value = str(cfg.seams.devices or "auto"), cfg.seams.placement
+        self.arms.value, self.delay.value = cfg.seams.arms, cfg.seams.delay
 
     def _on_run(self, _button=None) -> None:
         from seamkit.seams.study import seams_study

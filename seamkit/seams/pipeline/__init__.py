@@ -4,9 +4,10 @@ asynchronous local training.
 The one-process seams study (`seams.study`) counts the traffic across seams on paper. Here the two arms run as a
 real pipeline, one process per rank, and every message that crosses a seam is counted.
 
-What runs where (plan.py). With S ranks the local arm has S segments: `seams.seams` "all" (the
-default) spreads the S-1 seams evenly; a count or block indices must name exactly S-1 (anything
-else is refused before a process starts). The e2e arm runs a
+What runs where (plan.py). The local arm trains the config's seams (`seams.seams`, default "all":
+a seam after every block), as one process does: its segments are grouped into S contiguous runs,
+one per rank, balanced by block count, so every stage boundary is a seam (fewer segments than
+stages is refused before a process starts). The e2e arm runs a
 torch.distributed.pipelining schedule (`seams.pipeline_schedule`: gpipe, 1f1b, interleaved1f1b,
 interleavedzb, zbv, dualpipev) with `seams.micro_batches` M per step; the multi-stage schedules
 cut the model into 2S segments and put two on every rank. Every rank builds the whole GPT from
@@ -18,8 +19,8 @@ The arms:
   norms, loss, non-finite flags, stop flag), a global-norm clip exactly as one process clips,
   and one update. Equal to one process doing the same micro-batched step.
 - local (local.py): activations go forward only, at most `queue` steps of sends in flight; each
-  stage learns from its own loss and never waits for a gradient. Equal to the single-process
-  local arm.
+  segment learns from its own loss and no rank waits for a gradient. Equal to the
+  single-process local arm with the same seams.
 
 What crosses and how it is counted (wire.py): every P2P op is counted by kind (activation,
 gradient, control, fault, eval, allreduce) and boundary; `measured_bytes` must equal the analytic

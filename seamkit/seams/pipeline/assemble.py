@@ -2,7 +2,9 @@
 
 `seams.report.build_report`'s keys, plus: the stages, the backend, the e2e schedule and its micro-
 batches (the comparison names them), the placement of the e2e segments, `measured_bytes` per
-arm (counted, against the analytic bytes of that arm's crossings), `per_rank` compute, wait and
+arm (counted, against the analytic bytes of that arm's crossings; `bytes` stays the traffic of
+every seam, one segment a device, and `bytes_per_step_crossings` is what local's rank crossings
+carry here), `per_rank` compute, wait and
 unaccounted time, `bubble` (the wait share of all ranks' time), memory per rank (peak and growth
 over the arm's own start), and for a failed arm the rank and step that failed.
 """
@@ -14,18 +16,21 @@ import torch
 from seamkit import config as C
 from seamkit.config import RunConfig
 from seamkit.seams.cuts import traffic_bytes, traffic_ratios
-from seamkit.seams.pipeline.plan import WIRE_DTYPES, Plan
+from seamkit.seams.pipeline.delayed import expected_traffic
+from seamkit.seams.pipeline.plan import WIRE_DTYPES, Plan, arm_objective
 from seamkit.seams.pipeline.wire import measured_bytes
-from seamkit.seams.report import build_report
+from seamkit.seams.report import build_report, placement_block
 from seamkit.seams.result import ArmResult, curve
 
 
-def arm_result(arm: str, cfg: RunConfig, plan: Plan, ranks: list[dict]) -> ArmResult:
-    """One arm's result from its ranks. Memory is the largest rank's (what one device must hold),
-    its growth the largest growth over a rank's own start."""
+def arm_result(arm: str, cfg: RunConfig, plan: Plan, ranks: list[dict], kind: str | None = None) -> ArmResult:
+    """One arm's result from its ranks (`kind`: what they ran, seams.placement; default the arm's
+    own pipeline run). Memory is the largest rank's (what one device must hold), its growth the
+    largest growth over a rank's own start."""
     per_step = cfg.data.batch * cfg.model.seq
-    owner = plan.owner if arm == "e2e" else list(range(plan.stages))
-    lossr = ranks[owner[-1]]
+    kind = kind or ("pipe" if arm == "e2e" else "stages")
+    # the rank holding the LM head reports the curve and the held-out loss (data parallel: rank 0)
+    lossr = ranks[0] if kind == "dp" else ranks[(plan.owner if kind == "pipe" else plan.local_owner)[-1]]
     statuses = [r["status"] for r in ranks]
     status = "interrupted" if "interrupted" in statuses else "failed" if "failed" in statuses else "complete"
     elapsed = max(r["elapsed_s"] for r in ranks)  # all ranks start together (a barrier)
@@ -44,10 +49,48 @@ def arm_result(arm: str, cfg: RunConfig, plan: Plan, ranks: list[dict]) -> ArmRe
                                    "rss_growth_bytes")},
         lr_final=lossr["lr_final"], max_step_s=max(r["max_step_s"] for r in ranks),
         failed_step=culprit["failed_step"] if culprit else None, failed_rank=culprit["rank"] if culprit else None,
-        objective=cfg.seams.objective if arm == "local" else None,
-        segments=plan.segs if arm == "local" else [list(range(cfg.model.n_blocks))], **curve(lossr["points"]),
+        objective=arm_objective(arm, cfg),
+        segments=[list(range(cfg.model.n_blocks))] if arm == "e2e" else plan.segs, **curve(lossr["points"]),
         # rank 0 alone sees the clock end the run; any rank's clock may set its LR
         wall_clock_dependent=any(r["wall_clock_dependent"] for r in ranks))
+
+
+def delayed_wire(cfg: RunConfig, plan: Plan, ranks: list[dict], act: int) -> dict:
+    """The delayed arm's traffic: activations forward every step, gradients back from the step
+    each crossing's first one comes (`delayed.expected_traffic`); sent must equal received."""
+    steps = ranks[0]["wire_steps"]
+    sent = {k: 0 for k in ("activation", "gradient")}
+    got = dict(sent)
+    for r in ranks:
+        for c in r["traffic"]:
+            if c["kind"] in sent:
+                (sent if c["direction"] == "sent" else got)[c["kind"]] += c["bytes"]
+    expected = expected_traffic(plan, cfg.seams.delay, steps)
+    analytic = {k: sum(e[k] for e in expected.values()) * act for k in sent}
+    return {"kind": "activations and gradients, late", "bytes_per_step": (sent["activation"] + sent["gradient"]) / steps
+            if steps else 0, "analytic_bytes_per_step": 2 * len(plan.local_crossings()) * act,
+            "crossings": len(plan.local_crossings()), "agrees": sent == got == analytic}
+
+
+def arm_wire(arm: str, kind: str, cfg: RunConfig, plan: Plan, ranks: list[dict]) -> dict:
+    """What one multi-process arm put on the wire per step (measured), beside the analytic bytes,
+    and the share of its ranks' time spent waiting (the bubble)."""
+    wait = sum(r["wait_s"] for r in ranks) / max(1e-12, sum(r["elapsed_s"] for r in ranks))
+    if kind == "dp":
+        a = ranks[0]["allreduce"]
+        return {"kind": "allreduce", "bytes_per_step": a["bytes_per_step"],
+                "analytic_bytes_per_step": a["analytic_bytes_per_step"], "allreduce_s": a["seconds"],
+                "wait_share": wait}
+    act = cfg.data.batch * cfg.model.seq * cfg.model.dim * torch.empty((), dtype=WIRE_DTYPES[plan.wire_dtype]).element_size()
+    if arm == "delayed":
+        return delayed_wire(cfg, plan, ranks, act) | {"wait_share": wait}
+    if arm == "e2e":
+        m = measured_bytes(arm, ranks, plan.crossings(), plan.owner, act, plan.micro_batches)
+    else:  # only the seams between ranks reach the wire; a seam inside a rank is a detach
+        m = measured_bytes(arm, ranks, plan.local_crossings(), plan.local_owner, act, 1)
+    return {"kind": "activations and gradients" if arm == "e2e" else "activations", "bytes_per_step": m["per_step"],
+            "analytic_bytes_per_step": m["analytic_per_step"], "crossings": m["crossings"],
+            "agrees": m["agrees"] and m["sent_equals_received"], "wait_share": wait}
 
 
 def assemble(cfg: RunConfig, plan: Plan, parts: dict, backend: str, isolation: str,
@@ -75,14 +118,20 @@ def assemble(cfg: RunConfig, plan: Plan, parts: dict, backend: str, isolation: s
     for arm, ranks in parts.items():
         if arm == "e2e":
             measured[arm] = measured_bytes(arm, ranks, plan.crossings(), plan.owner, act, plan.micro_batches)
-        else:
-            measured[arm] = measured_bytes(arm, ranks, list(range(plan.stages - 1)), list(range(plan.stages)), act, 1)
+        else:  # only the seams between ranks reach the wire; a seam inside a rank is a detach
+            measured[arm] = measured_bytes(arm, ranks, plan.local_crossings(), plan.local_owner, act, 1)
+    chosen = {"e2e": f"pipe:{plan.schedule}:{plan.micro_batches}", "local": "stages"}
+    report["placement"] = placement_block(plan.stages, chosen, {a: {n: None} for a, n in chosen.items()},
+                                       "named: the arms on real stages, one after the other")
     report.update({
         "stages": plan.stages,
         "backend": backend,
         "wire_dtype": plan.wire_dtype,
         "wire_bytes_per_value": wire_bytes,
         "bytes_reference_bf16": traffic_bytes(m, B, len(plan.seams)),
+        # `bytes` counts every seam (one segment a device); this placement's crossings carry this much
+        "bytes_per_step_crossings": {"local": len(plan.local_crossings()) * act,
+                                     "local_crossings": plan.local_crossings()},
         "micro_batches": plan.micro_batches,
         "queue": plan.queue,
         "pipeline_schedule": {"e2e": plan.schedule, "micro_batches": plan.micro_batches, "virtual_stages": plan.virtual,

@@ -9,7 +9,7 @@ backpropagates, and the gradients accumulate over micro-batches in the same orde
 
 After the schedule's step, one small all_reduce carries every parameter tensor's gradient norm
 at its place in the GPT's order, the summed loss, one non-finite flag per segment and rank 0's
-stop flag (budget spent, max_steps, Ctrl-C). Every rank then clips by the global norm exactly
+flag (budget spent, max_steps, Ctrl-C, or the study's turn to hand on). Every rank then clips by the global norm exactly
 as `clip_grad_norm_` does in one process, and every rank sees a non-finite loss, and the first
 segment that produced a non-finite output, at the same step: the run stops there on all ranks
 with `failed`, naming the rank and step.
@@ -28,10 +28,12 @@ from seamkit.loop import BudgetLoop
 from seamkit.model import lm_loss
 from seamkit.optim import make_optimizer
 from seamkit.seams.pipeline.plan import SCHEDULE_CLASSES, WIRE_DTYPES
-from seamkit.seams.pipeline.stage import SLOW_S, RankRun, fault, stop_requested
+from seamkit.seams.pipeline.stage import (
+    SLOW_S,
+    RankRun,
+    fault,
+)
 from seamkit.seams.pipeline.wire import Tally, Timer, timed_pipeline_waits
-
-GO, STOP, INTERRUPT = 0, 1, 2  # rank 0's stop flag in the all_reduce
 
 
 class CountedStage(pipelining.PipelineStage):
@@ -136,7 +138,7 @@ class E2ERun(RankRun):
                         total += loss.detach()
                     vec[n] = total
             if self.rank == 0:
-                vec[-1] = INTERRUPT if stop_requested() else STOP if loop.spent(step + 1) else GO
+                vec[-1] = self.word(loop, step + 1)
             self.wire.all_reduce(vec)  # sums of one value and zeros: exact
             loss = vec[n].item()
             bad = [v for v in range(V) if vec[n + 1 + v].item() > 0]
@@ -152,8 +154,5 @@ class E2ERun(RankRun):
                     torch.nn.utils.clip_grads_with_norm_(self.module.parameters(), tc.grad_clip, total_norm)
                 self.update(self.opt)
             loop.stepped(step, t0, self.lr, [loss])
-            flag = int(vec[-1].item())
-            if flag == INTERRUPT:
-                loop.interrupt()
-            if flag != GO:
+            if not self.obey(loop, int(vec[-1].item()), step + 1):
                 return

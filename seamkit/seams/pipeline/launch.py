@@ -39,20 +39,25 @@ import torch
 import torch.distributed as dist
 
 from seamkit import config as C
-from seamkit.config import ConfigError, RunConfig, SeamkitError
+from seamkit.config import STUDY_ARMS, ConfigError, RunConfig, SeamkitError
 from seamkit.data.load import load_corpus
 from seamkit.loop import ProgressBars, fanout
 from seamkit.model import resolve_device
 from seamkit.report import atomic_write_text, write_report
 from seamkit.seams.arm import ARMS
 from seamkit.seams.pipeline.assemble import arm_result, assemble, summary
+from seamkit.seams.pipeline.delayed import DelayedRun
+from seamkit.seams.pipeline.dp import DPRun
 from seamkit.seams.pipeline.e2e import E2ERun
 from seamkit.seams.pipeline.local import LocalRun
 from seamkit.seams.pipeline.plan import WIRE_DTYPES, make_plan
 from seamkit.seams.pipeline.stage import WHERE, on_sigint
 
 EVENT = "SEAMKIT_EVENT "  # prefix of the event lines a rank prints for `launch`
-RUNS = {"e2e": E2ERun, "local": LocalRun}
+# what a rank runs: (arm, placement kind) -> its run (seams.placement)
+RUNS = {("e2e", "pipe"): E2ERun, ("e2e", "dp"): DPRun, ("local", "stages"): LocalRun, ("delayed", "stages"): DelayedRun}
+DEFAULT_RUN = {"e2e": "pipe", "local": "stages", "delayed": "stages"}
+POLL_S = 0.02  # how often the launcher reads the ranks' logs and exit codes
 
 
 class DistError(SeamkitError, RuntimeError):
@@ -63,8 +68,9 @@ class DistError(SeamkitError, RuntimeError):
 
 def run_rank(cfg: RunConfig, plan, rank: int, arms, local_rank: int = 0, init_method: str = "env://",
              timeout_s: float = 120.0, save_state: str | None = None,
-             emit: Callable[[dict], None] = lambda e: None) -> dict | None:
+             emit: Callable[[dict], None] = lambda e: None, kinds: dict | None = None) -> dict | None:
     """`arms` on this rank; returns {arm: every rank's result} on rank 0, None elsewhere.
+    `kinds`: arm -> its placement kind (RUNS); default DEFAULT_RUN.
 
     The process group stays up: the worker exits right after (gloo can abort in teardown when a
     peer has already gone).
@@ -86,7 +92,8 @@ def run_rank(cfg: RunConfig, plan, rank: int, arms, local_rank: int = 0, init_me
     faults = fault_store(init_method, plan.stages, timeout_s)
     parts = {}
     for arm in arms:
-        r = RUNS[arm](cfg, plan, corpus, rank, device, lambda e, arm=arm: emit({"arm": arm, **e}), faults)
+        run = RUNS[(arm, (kinds or DEFAULT_RUN)[arm])]
+        r = run(cfg, plan, corpus, rank, device, lambda e, arm=arm: emit({"arm": arm, **e}), faults)
         res = r.result(r.train())
         if save_state:
             Path(save_state).mkdir(parents=True, exist_ok=True)
@@ -232,15 +239,21 @@ def _sigterm_unwinds():
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
-def _launch_arm(arm: str, plan, rundir: Path, cb, threads: int, timeout_s: float, save_state) -> dict:
-    """One arm on S fresh processes; returns rank 0's {"backend", "parts"}."""
+def _launch_arm(arm: str, plan, rundir: Path, cb, threads: int, timeout_s: float, save_state, kind: str | None = None,
+                env: dict | None = None, tick: Callable[[list], None] | None = None) -> dict:
+    """One arm on S fresh processes; returns rank 0's {"backend", "parts"}.
+
+    `kind`: the arm's placement kind on each rank (RUNS; default DEFAULT_RUN); `env`: more
+    environment for the ranks; `tick(procs)`: called at every poll (a study's coordinator relays
+    turns there)."""
     S = plan.stages
     part = rundir / f"{arm}.json"
     env = {**os.environ, "WORLD_SIZE": str(S), "SEAMKIT_DIST_INIT": f"file://{rundir / (arm + '.store')}",
            "SEAMKIT_DIST_RUNDIR": str(rundir), "SEAMKIT_DIST_EVENTS": "1", "SEAMKIT_DIST_PARENT": str(os.getpid()),
-           "OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1"}
+           "OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1", **(env or {})}
     cmd = [sys.executable, "-m", "seamkit.seams.pipeline", "--config-json", str(rundir / "config.json"), "--part", str(part),
-           "--arm", arm, "--queue", str(plan.queue), "--wire-dtype", plan.wire_dtype, "--timeout", str(timeout_s)]
+           "--arm", arm, "--run", kind or DEFAULT_RUN[arm], "--queue", str(plan.queue), "--wire-dtype", plan.wire_dtype,
+           "--timeout", str(timeout_s)]
     if save_state:
         cmd += ["--save-state", str(save_state)]
     procs, logs, offsets = [], [], []
@@ -253,7 +266,7 @@ def _launch_arm(arm: str, plan, rundir: Path, cb, threads: int, timeout_s: float
                                               start_new_session=True))  # Ctrl-C reaches us only; we pass it on
             logs.append(path)
             offsets.append(0)
-        _watch(procs, logs, offsets, cb, rundir, arm)
+        _watch(procs, logs, offsets, cb, rundir, arm, tick)
     except BaseException:
         _stop_all(procs)
         raise
@@ -291,12 +304,14 @@ def _pump(logs, offsets, cb) -> None:
                 print(f"[rank {rank}] {line}", file=sys.stderr)
 
 
-def _watch(procs, logs, offsets, cb, rundir: Path, arm: str) -> None:
+def _watch(procs, logs, offsets, cb, rundir: Path, arm: str, tick=None) -> None:
     """Poll the ranks until all exit; the first death stops the rest and raises DistError."""
     asked_stop = None
     while True:
         try:
             _pump(logs, offsets, cb)
+            if tick is not None:
+                tick(procs)
             codes = [p.poll() for p in procs]
             dead = [r for r, c in enumerate(codes) if c not in (None, 0)]
             if dead:
@@ -311,7 +326,7 @@ def _watch(procs, logs, offsets, cb, rundir: Path, arm: str) -> None:
             if asked_stop is not None and time.monotonic() - asked_stop > 120:
                 _stop_all(procs)
                 raise DistError("the ranks did not stop within 120 s of Ctrl-C; stopped them")
-            time.sleep(0.1)
+            time.sleep(POLL_S)
         except KeyboardInterrupt:
             if asked_stop is not None:
                 raise
@@ -396,8 +411,10 @@ def _worker(args) -> int:
         cfg = C.override(cfg, {"seams.stages": world})
         plan = make_plan(cfg, world, args.queue, args.wire_dtype)
         arms = ARMS if args.arm == "both" else (args.arm,)
+        kinds = {**DEFAULT_RUN, **({args.arm: args.run} if args.run else {})}
         got = run_rank(cfg, plan, rank, arms, int(os.environ.get("LOCAL_RANK", rank)),
-                       os.environ.get("SEAMKIT_DIST_INIT", "env://"), args.timeout, args.save_state, _printer())
+                       os.environ.get("SEAMKIT_DIST_INIT", "env://"), args.timeout, args.save_state, _printer(),
+                       kinds)
         if got is not None and args.part:  # launch assembles the report from each arm's part
             atomic_write_text(args.part, json.dumps(got))
         elif got is not None:
@@ -447,7 +464,10 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--pipeline-schedule", "--schedule", dest="schedule", choices=("auto",) + C.PIPELINE_SCHEDULES,
                     help="e2e pipeline schedule (seams.pipeline_schedule; auto: the fastest bench/dist.py measured)")
     ap.add_argument("--micro-batches", dest="micro_batches", type=int, help="e2e micro-batches (seams.micro_batches)")
-    ap.add_argument("--arm", choices=("both", *ARMS), default="both", help="under torchrun: the arm(s) to run")
+    ap.add_argument("--arm", choices=("both", *STUDY_ARMS), default="both",
+                    help="under torchrun: the arm(s) to run (both: e2e and local)")
+    ap.add_argument("--run", choices=sorted({k for _, k in RUNS}),
+                    help="with --arm: its placement kind (default: e2e pipe, local and delayed stages)")
     ap.add_argument("--queue", type=int, default=2, help="local: steps of sends a stage may have in flight")
     ap.add_argument("--wire-dtype", dest="wire_dtype", choices=sorted(WIRE_DTYPES),
                     help="dtype sent across seams (default: the parameter dtype, float32)")

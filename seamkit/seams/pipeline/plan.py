@@ -1,6 +1,9 @@
 """How a pipeline run is cut: stages, schedules, which rank holds which segment, what must cross.
 
-The local arm has S segments, one per rank (S-1 seams). The e2e arm runs a
+The local arm trains the config's seams (`seams.seams`, as the one-process local arm does), on
+any number of stages: its segments are grouped into S contiguous runs, one per rank, balanced by
+block count (`group_segments`), so every stage boundary is a seam and a seam inside a rank
+never reaches the wire. Only the seams between ranks are crossings. The e2e arm runs a
 torch.distributed.pipelining schedule over V virtual stages: V = S for GPipe and 1F1B, V = 2S
 for the multi-stage schedules, which hold two segments on every rank, placed round-robin
 ("loop": rank r holds r and r+S) or in a V ("v": rank r holds r and 2S-1-r, so the two middle
@@ -30,14 +33,17 @@ SCHEDULE_CLASSES = {
     "dualpipev": ("ScheduleDualPipeV", "v"),
 }
 assert set(SCHEDULE_CLASSES) == set(PIPELINE_SCHEDULES)
+# local objectives whose read-out a segment owns, so a segment on any rank can learn from it
+OWN_READOUT = ("aux_head", "aux_block", "own_head")
 
 
 @dataclass
 class Plan:
     """How a run is cut into stages; the same on every rank."""
     stages: int  # ranks S
-    seams: list[int]  # local: block indices a seam follows (S-1 of them)
-    segs: list[list[int]]  # local: blocks of each rank
+    seams: list[int]  # local: block indices a seam follows (the config's seams)
+    segs: list[list[int]]  # local: blocks of each segment (len(seams) + 1 of them)
+    local_held: list[list[int]]  # local: the segments each rank holds, contiguous, ascending
     schedule: str  # e2e: a key of SCHEDULE_CLASSES
     micro_batches: int  # e2e: micro-batches M per step
     e2e_segs: list[list[int]]  # e2e: blocks of each virtual stage (V of them)
@@ -56,6 +62,16 @@ class Plan:
     def held_by(self, rank: int) -> list[int]:
         return [v for v, r in enumerate(self.owner) if r == rank]
 
+    @property
+    def local_owner(self) -> list[int]:
+        """local: the rank holding each segment."""
+        return [r for r, held in enumerate(self.local_held) for _ in held]
+
+    def local_crossings(self) -> list[int]:
+        """local: seams k (between segments k and k+1) whose two segments sit on different ranks."""
+        owner = self.local_owner
+        return [k for k in range(len(owner) - 1) if owner[k] != owner[k + 1]]
+
 
 def placement(schedule: str, S: int) -> list[int]:
     style = SCHEDULE_CLASSES[schedule][1]
@@ -66,23 +82,67 @@ def placement(schedule: str, S: int) -> list[int]:
     return list(range(S)) + list(reversed(range(S)))  # "v"
 
 
-def stage_seams(cfg: RunConfig, stages: int) -> list[int]:
-    """The S-1 seams of the local arm on S stages.
+def group_segments(segs: list[list[int]], stages: int) -> list[list[int]]:
+    """Segments k of `segs` grouped into `stages` contiguous non-empty runs, one per rank.
 
-    `seams.seams` "all" (the default: a seam at every boundary there is) puts one at every stage
-    boundary, spread evenly. A count or a list of block indices must give exactly S segments:
-    anything else is refused, since replacing seams a user named would report other cuts."""
+    Balanced by block count: the rank with the most blocks holds as few as any grouping allows.
+    Ties break toward an even spread of the blocks: of the groupings that reach that least
+    maximum, the one whose rank boundaries (the block each rank ends on) lie nearest, summed,
+    to those of `parse_seams` spreading S-1 seams evenly, then the one whose boundaries come
+    first. With a seam after every block this is the even spread itself."""
+    N, n = len(segs), sum(len(s) for s in segs)
+    ends = [segs[k][-1] for k in range(N)]  # the block segment k ends on
+    target = parse_seams(str(stages - 1), n) + [n - 1]  # the block rank j ends on, spread evenly
+    starts = [0]
+    for s in segs:
+        starts.append(starts[-1] + len(s))
+
+    def load(a, b):  # blocks of segments a..b-1
+        return starts[b] - starts[a]
+
+    def runs(L):  # runs of <= L blocks a greedy cut needs
+        count, a = 1, 0
+        for b in range(1, N + 1):
+            if load(a, b) > L:
+                count, a = count + 1, b - 1
+        return count
+    least = next(L for L in range(max(len(s) for s in segs), n + 1) if runs(L) <= stages)
+    # best[j][b]: (distance, boundaries) of segments 0..b-1 in j runs of <= least blocks
+    inf = (float("inf"), [])
+    best = [[inf] * (N + 1) for _ in range(stages + 1)]
+    best[0][0] = (0, [])
+    for j in range(1, stages + 1):
+        for b in range(j, N + 1):
+            for a in range(j - 1, b):
+                d, cuts = best[j - 1][a]
+                if d == float("inf") or load(a, b) > least:
+                    continue
+                cand = (d + abs(ends[b - 1] - target[j - 1]), cuts + [b])
+                best[j][b] = min(best[j][b], cand)
+    cuts = [0] + best[stages][N][1]
+    return [list(range(cuts[j], cuts[j + 1])) for j in range(stages)]
+
+
+def local_seams(cfg: RunConfig, stages: int) -> tuple[list[int], list[list[int]]]:
+    """The local arm's seams (the config's) and the segments each of the S ranks holds.
+
+    Every stage boundary must be a seam, so S ranks need at least S segments: fewer is refused
+    in one line, since adding seams a user did not name would train other cuts."""
     n = cfg.model.n_blocks
     if not 1 <= stages <= n:
         raise ConfigError(f"seams.stages={stages}: a model of {n} blocks runs on 1..{n} stages")
-    if str(cfg.seams.seams).strip().lower() == "all":
-        return parse_seams(str(stages - 1), n)
     seams = parse_seams(cfg.seams.seams, n)
-    if len(seams) != stages - 1:
-        raise ConfigError(f"seams.seams={cfg.seams.seams!r} cuts the model into {len(seams) + 1} segments, but "
-                          f"{stages} stages run one each: name {stages - 1} seam(s), or leave seams.seams=all "
-                          f"to spread them evenly")
-    return seams
+    N = len(seams) + 1
+    if N < stages:
+        raise ConfigError(f"seams.seams={cfg.seams.seams!r} cuts the model into {N} segment(s), fewer than the "
+                          f"{stages} stages (every stage boundary must be a seam): name at least {stages - 1} "
+                          f"seam(s), leave seams.seams=all, or run on at most {N} stage(s)")
+    return seams, group_segments(segments(seams, n), stages)
+
+
+def stage_seams(cfg: RunConfig, stages: int) -> list[int]:
+    """The local arm's seams on `stages` stages (the config's; refused as `local_seams` refuses)."""
+    return local_seams(cfg, stages)[0]
 
 
 # seams.pipeline_schedule=auto: the fastest e2e configuration bench/dist.py measured on CPU (bench/results/dist.json,
@@ -136,7 +196,7 @@ def check_schedule(schedule: str, S: int, M: int) -> None:
 def make_plan(cfg: RunConfig, stages: int, queue: int = 2, wire_dtype: str | None = None) -> Plan:
     """Validate a pipeline run before any process starts; errors a user can act on."""
     n, batch = cfg.model.n_blocks, cfg.data.batch
-    seams = stage_seams(cfg, stages)
+    seams, held = local_seams(cfg, stages)
     schedule, per_stage = resolve_schedule(cfg.seams.pipeline_schedule, stages, n, batch)
     owner = placement(schedule, stages)
     if len(owner) > n:
@@ -149,14 +209,14 @@ def make_plan(cfg: RunConfig, stages: int, queue: int = 2, wire_dtype: str | Non
         check_schedule(schedule, stages, m)
     if queue < 1:
         raise ConfigError(f"queue={queue}: a local stage needs room for at least 1 step in flight")
-    if stages > 1 and cfg.seams.objective != "aux_head":
-        raise ConfigError(f"seams.objective={cfg.seams.objective}: pipeline stages implement aux_head only "
-                          f"(detached_head and shared_head need the last stage's head on every stage each step)")
+    if seams and cfg.seams.objective not in OWN_READOUT:
+        raise ConfigError(f"seams.objective={cfg.seams.objective}: pipeline stages train own_head, aux_block "
+                          f"or aux_head only (detached_head and shared_head need the last stage's head on every stage each step)")
     wire = wire_dtype or ("float64" if cfg.train.dtype == "float64" else "float32")
     if wire not in WIRE_DTYPES:
         raise ConfigError(f"wire dtype must be one of {sorted(WIRE_DTYPES)}, got {wire!r}")
     e2e_segs = segments(parse_seams(str(len(owner) - 1), n), n)
-    return Plan(stages=stages, seams=seams, segs=segments(seams, n), schedule=schedule, micro_batches=m,
+    return Plan(stages=stages, seams=seams, segs=segments(seams, n), local_held=held, schedule=schedule, micro_batches=m,
                 e2e_segs=e2e_segs, owner=owner, queue=queue, wire_dtype=wire)
 
 
@@ -175,9 +235,20 @@ def describe(cfg: RunConfig, plan: Plan, device: str) -> dict:
         "clocks": "torch.cuda.synchronize before every reading and after every timed wait" if gpu else "perf_counter",
         "ranks": [{"rank": r, "device": f"cuda:{r}" if gpu else "cpu",
                    "e2e_segments": [plan.e2e_segs[v] for v in plan.held_by(r)],
-                   "local_segment": plan.segs[r]} for r in range(plan.stages)],
+                   "local_segments": [plan.segs[k] for k in plan.local_held[r]]} for r in range(plan.stages)],
         "e2e": {"schedule": plan.schedule, "class": SCHEDULE_CLASSES[plan.schedule][0],
                 "micro_batches": plan.micro_batches, "crossings": plan.crossings(),
                 "bytes_per_step": 2 * len(plan.crossings()) * act},
-        "local": {"seams": plan.seams, "bytes_per_step": (plan.stages - 1) * act, "queue": plan.queue},
+        "local": {"seams": plan.seams, "crossings": plan.local_crossings(),
+                  "bytes_per_step": len(plan.local_crossings()) * act, "queue": plan.queue},
     }
+
+
+def arm_objective(arm: str, cfg: RunConfig) -> str | None:
+    """What an arm's segments learn from locally: local's objective, the delayed arm's aux heads
+    where its local loss is mixed in, none for e2e."""
+    if arm == "local":
+        return cfg.seams.objective
+    if arm == "delayed" and cfg.seams.local_weight > 0:
+        return "aux_head"
+    return None

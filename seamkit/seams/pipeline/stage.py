@@ -25,9 +25,16 @@ from seamkit.data.rows import RowLoader
 from seamkit.loop import BudgetLoop, Clock, held_out, mean_and_stderr
 from seamkit.memory import Baseline
 from seamkit.model import GPT, autocast, lm_loss, param_dtype
-from seamkit.seams.pipeline.plan import WIRE_DTYPES, Plan
+from seamkit.optim import step_at
+from seamkit.seams.pipeline.plan import WIRE_DTYPES, Plan, arm_objective
 from seamkit.seams.pipeline.wire import Tally, Timer, Wire
+from seamkit.seams.snapshots import Snapshots
+from seamkit.seams.turns import RankTurns
 
+SNAPSHOTS_ENV = "SEAMKIT_SNAPSHOTS"  # a folder: every rank keeps its share of the weights on the study's grid
+# rank 0's word for each step, on every multi-process run (sent down with the activations, or
+# summed in an all_reduce where the other ranks add 0: GO must be 0)
+GO, STOP, INTERRUPT, PAUSE, FAILED = 0, 1, 2, 3, 4
 SLOW_S = 0.2  # the "slow" fault: this much extra compute per step
 WHERE = {"arm": None, "step": None}  # what this rank is doing, for its error file if it raises
 
@@ -139,6 +146,13 @@ class RankRun:
         batches = held_out(corpus, cfg, device=device)
         self.held_out = batches if ends else [None] * len(batches)
         self.h_shape = (cfg.data.batch, m.seq, m.dim)
+        per_step = cfg.data.batch * m.seq
+        # the study's turns and snapshots, when this arm is one of a study's (the coordinator sets both)
+        slice_s = cfg.seams.slice_seconds if cfg.seams.order == "interleaved" else math.inf
+        self.turns = RankTurns.from_env(rank, slice_s, per_step, emit)
+        snaps = os.environ.get(SNAPSHOTS_ENV)
+        self.snaps = Snapshots(snaps, 8 * cfg.seams.token_marks) if snaps else None
+        self.clock = None
 
     # -- the loop's bookkeeping: the same BudgetLoop one process drives
 
@@ -150,12 +164,15 @@ class RankRun:
         if holds_curve:
             self.emit({"kind": "start", "budget_seconds": tc.budget_seconds, "max_steps": tc.max_steps,
                        "tokens_per_step": per_step,
-                       "segments": self.plan.segs if self.arm == "local" else [list(range(self.cfg.model.n_blocks))],
-                       "objective": self.cfg.seams.objective if self.arm == "local" else None})
+                       "segments": [list(range(self.cfg.model.n_blocks))] if self.arm == "e2e" else self.plan.segs,
+                       "objective": arm_objective(self.arm, self.cfg)})
         memory = Baseline.start(self.device)
         dist.barrier()
-        clock = Clock(sync)
-        loop = BudgetLoop(tc, per_step, clock, self.emit if holds_curve else None)
+        self.turns.first()
+        clock = self.clock = Clock(sync)
+        self.turns._start(0.0, 0)
+        loop = BudgetLoop(tc, per_step, clock, self.emit if holds_curve else None,
+                          after_step=self._snapshot if self.snaps is not None else None)
         self.lr = None
         WHERE["arm"] = self.arm
         self.extra = {"wire_steps": 0, "failed_here": False}
@@ -164,6 +181,7 @@ class RankRun:
         # the clock and both timers read at one point: evaluation below waits on the wire too, and
         # its waits would otherwise count against a span that ended before them
         loop.run["elapsed_s"] = clock.elapsed()
+        self.turns.finish(loop.steps, loop.run["elapsed_s"])
         timed = {"compute_s": self.compute.s, "wait_s": self.wait.s}
         run = loop.finish() | self.extra | timed
         run["loss"] = loop.last["loss"] if loop.last else None  # this rank's own last loss
@@ -173,21 +191,45 @@ class RankRun:
         run["eval_tokens"] = len(self.held_out) * per_step
         return run
 
+    def _snapshot(self, steps: int, elapsed_s: float) -> None:
+        """The loop's `after_step` (off the clock): this rank's share of the weights when `steps`
+        is on the study's grid."""
+        self.snaps.take(f"{self.arm}-rank{self.rank}", steps, elapsed_s, self.weights)
+
+    def weights(self) -> dict:
+        """This rank's share of the GPT's state dict (the GPT's names)."""
+        return {k: v.detach().cpu().clone() for s in self.segs.values() for k, v in s.state_dict().items()}
+
     def begin(self, loop: BudgetLoop) -> tuple[int, float]:
         """The next step and the training second it starts at; its LR is kept for `update`."""
         step, t0, self.lr = loop.begin()
         WHERE["step"] = step
         return step, t0
 
+    def word(self, loop: BudgetLoop, steps: int, failed: bool = False) -> int:
+        """Rank 0's word for the step boundary after `steps` steps: Ctrl-C, a failed stage, the
+        budget or max_steps spent, the study's turn used up (it runs at least one step), else go on."""
+        return (INTERRUPT if stop_requested() else FAILED if failed else STOP if loop.spent(steps)
+                else PAUSE if self.turns.due(self.clock, steps) else GO)
+
+    def obey(self, loop: BudgetLoop, word: int, steps: int) -> bool:
+        """Every rank, at the step boundary rank 0's `word` is for: hand the turn on (PAUSE), or
+        end the loop (STOP, INTERRUPT, FAILED). True: the loop goes on."""
+        if word == PAUSE:  # every rank after the same step (seams.turns)
+            self.turns.pause(self.clock, steps)
+        elif word == INTERRUPT:
+            loop.interrupt()
+        elif word == FAILED:
+            loop.run["status"] = "failed"
+        return word in (GO, PAUSE)
+
     def update(self, *opts) -> None:
         """One optimizer step at this step's learning rate (the stage loops' only lr call site).
 
         Under the budget schedule the LR follows the share of the budget spent when the step
         started (this rank's clock: every rank starts it after one barrier)."""
+        step_at(opts, self.lr)
         for opt in opts:
-            for g in opt.param_groups:
-                g["lr"] = self.lr
-            opt.step()
             opt.zero_grad(set_to_none=True)
 
     # -- evaluation through the whole pipeline
@@ -240,7 +282,9 @@ class RankRun:
             **{k: run[k] for k in ("peak_rss_bytes", "rss_start_bytes", "rss_growth_bytes", "peak_vram_bytes",
                                    "vram_growth_bytes", "lr_final", "wall_clock_dependent")},
             "points": run["points"] if self.rank == self.loss_rank else [], "traffic": self.tally.counts(),
+            "slices": self.turns.slices if self.rank == 0 else None,
+            "snapshots": self.snaps.kept if self.snaps is not None else None,
         }
 
     def state(self) -> dict:
-        return {"stage": {k: v.detach().cpu() for s in self.segs.values() for k, v in s.state_dict().items()}}
+        return {"stage": self.weights()}

@@ -1,0 +1,140 @@
+"""Benchmark: the forecast (seamkit.forecast) against every placement candidate measured here (not a test).
+
+Validation (the default): the costs are measured once (`measure_costs`), the forecast made at
+every N of --devices, then every placement candidate (`seams.placement.candidates`) is trained
+for `seams.calibrate_steps` steps with `seams.calibration.measure`, --rounds times: round r runs
+every candidate once, in the listed order on even rounds and reversed on odd ones, so a machine
+that slows over the run slows the candidates alike. Each candidate's speed is the median over
+rounds; its error is (forecast - measured) / measured, and the worst is named. A candidate the
+forecast flags (oversubscribed: more ranks x threads than cores; or one that cannot run) is
+reported with the reason and not measured.
+
+--seed-scale: no measured runs; the forecast of a preset (default seed) at N = 1,2,4,8,16 from
+costs measured on this CPU, over the nvlink link. Timing the seed model at full rows on a CPU
+takes too long, so every entry is timed at --max-rows rows and scaled linearly in rows (the
+output's `assumed` says so), and the ranks are given a core each (cores = N_max x threads), so no
+N is flagged: a CPU's compute per rank with a GPU's link, a shape of the curve, not a GPU forecast.
+
+    python bench/forecast.py --preset cpu --devices 1,2 --rounds 3 --out bench/results/forecast.json
+    python bench/forecast.py --seed-scale --out bench/results/forecast_seed_scale.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import statistics
+import sys
+import time
+
+from seamkit import config as C
+from seamkit.forecast import (
+    forecast,
+    measure_costs,
+    parse_devices,
+    validate_report,
+    validation_lines,
+)
+from seamkit.forecast.study import summary_lines
+from seamkit.report import provenance, write_json
+from seamkit.seams import calibration
+from seamkit.seams.placement import candidates
+
+
+def build(args) -> C.RunConfig:
+    return C.override(C.preset(args.preset), C.parse_overrides(args.overrides))
+
+
+def validation(args) -> dict:
+    cfg = build(args)
+    devices = parse_devices(args.devices)
+    t0 = time.perf_counter()
+    costs = measure_costs(cfg, devices, repeats=args.repeats)
+    report = forecast(cfg, devices, costs=costs, link=args.link)
+    print(f"costs measured in {time.perf_counter() - t0:.1f} s")
+    todo, flagged = [], []
+    for n in devices:
+        for arm, ps in candidates(cfg, n).items():
+            for p in ps:
+                f = report["by_devices"][str(n)][arm]["candidates"].get(p.name)
+                if f is None or not f["forecast"]:
+                    flagged.append({"arm": arm, "devices": n, "candidate": p.name,
+                                    "why": f["reason"] if f else "not a candidate of the forecast"})
+                else:
+                    todo.append((n, arm, p))
+    rounds = {(n, arm, p.name): [] for n, arm, p in todo}
+    for r in range(args.rounds):
+        for n, arm, p in todo if r % 2 == 0 else todo[::-1]:
+            print(f"round {r + 1}/{args.rounds}: N={n} {arm} on {p.name}", flush=True)
+            rounds[(n, arm, p.name)].append(calibration.measure(cfg, n, {arm: [p]})["tokens_per_s"][arm][p.name])
+    measured, spread, didnt = {"e2e": {}, "local": {}}, [], []
+    for (n, arm, name), vals in rounds.items():
+        ok = [v for v in vals if v is not None]
+        if not ok:
+            didnt.append({"arm": arm, "devices": n, "candidate": name, "why": "did not finish in any round"})
+            continue
+        med = statistics.median(ok)
+        measured[arm].setdefault(n, {})[name] = med
+        spread.append({"arm": arm, "devices": n, "candidate": name, "rounds": vals, "median": med,
+                       "spread": (max(ok) - min(ok)) / med})
+    by_n = {n: {a: measured[a].get(n, {}) for a in measured} for n in devices}
+    # validate_report, for the threads each measured process had beside each row (CPU)
+    v = validate_report(report, {"measured": by_n, "run_config": cfg.to_dict(), "device": costs["device"]})
+    v["missing"] += flagged + didnt
+    v["source"] = f"bench/forecast.py, median of {args.rounds} interleaved round(s)"
+    report["validation"] = v
+    print("\n".join(summary_lines(report) + validation_lines(v)))
+    return {"mode": "validation", "rounds": args.rounds, "measured": by_n,
+            "measured_rounds": spread, "flagged": flagged, "errors": v["errors"], "worst": v["worst"],
+            "forecast": report}
+
+
+def seed_scale(args) -> dict:
+    cfg = build(args)
+    devices = parse_devices(args.devices if args.devices != "1,2" else "1,2,4,8,16")
+    t0 = time.perf_counter()
+    costs = measure_costs(cfg, devices, repeats=args.repeats, max_rows=args.max_rows)
+    threads = costs.get("threads") or 1
+    cores = max(devices) * threads
+    report = forecast(cfg, devices, costs=costs, link=args.seed_link, cores=cores)
+    assumed = (f"CPU costs: {cfg.preset} preset timed on this CPU ({costs['machine'].get('processor')}, "
+               f"{threads} thread(s) a rank, median of {args.repeats}), each entry at most {args.max_rows} rows and "
+               f"scaled linearly in rows; every rank given a core of its own ({cores} cores for N={max(devices)}); "
+               f"messages over the {args.seed_link} link. A CPU's compute with a GPU's link: not a GPU forecast.")
+    report["assumed"] = assumed
+    print(f"costs measured in {time.perf_counter() - t0:.1f} s")
+    print("\n".join(summary_lines(report)))
+    print(assumed)
+    return {"mode": "seed_scale", "assumed": assumed, "forecast": report}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--preset", help="config preset (default: cpu; seed with --seed-scale)")
+    ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    ap.add_argument("--devices", default="1,2", help="device counts (default 1,2; 1,2,4,8,16 with --seed-scale)")
+    ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds of every candidate")
+    ap.add_argument("--repeats", type=int, default=3, help="timed runs of every cost entry")
+    ap.add_argument("--link", default="loopback", help="the link of the validation forecast (ranks on this host)")
+    ap.add_argument("--seed-scale", action="store_true", help="forecast only, the seed preset's scaling (docstring)")
+    ap.add_argument("--seed-link", default="nvlink", help="--seed-scale: the link")
+    ap.add_argument("--max-rows", type=int, default=1, help="--seed-scale: rows an entry is timed at, then scaled")
+    ap.add_argument("--out", default="bench/results/forecast.json")
+    args = ap.parse_args(argv)
+    args.preset = args.preset or ("seed" if args.seed_scale else "cpu")
+    if args.rounds < 1:
+        ap.error(f"--rounds must be at least 1, got {args.rounds}")
+    try:
+        body = seed_scale(args) if args.seed_scale else validation(args)
+    except C.SeamkitError as e:
+        print(f"bench/forecast.py: error: {e}", file=sys.stderr)
+        return 2
+    cfg = build(args)
+    write_json(args.out, {"command": "python bench/forecast.py " + shlex.join(sys.argv[1:] if argv is None else argv),
+                          **body, **provenance(cfg)})
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

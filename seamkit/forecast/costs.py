@@ -1,0 +1,319 @@
+"""What each part of a step costs on the machine at hand: measured per segment shape and rows.
+
+For every (segment shape, rows) a placement needs (`candidates.needed`), on a `Segment` cut
+from a GPT of the run's config exactly as a pipeline rank cuts it:
+- forward_s: the segment's forward (the last one's LM loss included, as torch's F action does);
+- backward_input_s: `torch.autograd.grad` of the output w.r.t. the segment input only (the I
+  action of the zero-bubble schedules); 0 on the first segment, whose input is tokens;
+- backward_s: the gradient w.r.t. input and weights at once (the B action);
+- backward_weight_s: backward_s - backward_input_s, what is left for the W action, which runs
+  from the intermediates I saved;
+- local rows also get aux_s (an AuxHead's forward, loss and backward on the segment output) and
+  local_backward_s (the weights' gradient with the input detached, as the local arm runs it).
+Each figure is the median of `repeats` timed runs after one untimed one; FLOPs of every part
+are counted beside it with `seamkit.costs.count_flops`. Optimizer steps (fused AdamW) are timed
+per segment shape and per aux head. The table is JSON, labelled with the machine, the device,
+the threads and the torch version it was measured with (`save_costs`, `load_costs`).
+
+Threads (CPU). `segments`, `optimizer_s` and `aux_optimizer_s` are measured with `threads`, a
+rank's torch threads. A candidate whose process runs more (`single` at N runs N x threads, as
+placement.arm_config gives it) reads the same parts measured again with its count, from
+`by_threads[str(T)]` (`costs_at`); none is ever read at another count than it runs.
+
+`max_rows` (for a model too big to time at full rows here, such as the seed preset on a CPU):
+an entry of more rows is timed at `max_rows` rows and its times and FLOPs scaled by
+rows / max_rows, linear in rows as matmul-bound compute is; the entry keeps `measured_rows` and
+the table `row_scaling`, so a reader sees what was assumed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from seamkit.config import RunConfig, SeamkitError
+from seamkit.costs import count_flops
+from seamkit.forecast.candidates import needed
+from seamkit.model import GPT, lm_loss, param_dtype, resolve_device
+from seamkit.optim import make_optimizer
+from seamkit.report import machine, write_json
+from seamkit.seams.objectives import AuxHead
+from seamkit.seams.pipeline.plan import WIRE_DTYPES
+from seamkit.seams.pipeline.stage import Segment
+
+COSTS_KIND = "seamkit-forecast-costs"
+COSTS_VERSION = 1
+PARTS = ("forward_s", "backward_s", "backward_input_s", "backward_weight_s")
+LOCAL_PARTS = ("aux_s", "local_backward_s")
+
+
+class CostError(SeamkitError):
+    """A cost table that is missing, unreadable, or lacks what a forecast needs."""
+
+
+def entry_key(seg: str, rows: int) -> str:
+    return f"{seg}@{rows}"
+
+
+def _blocks(seg: str, n_blocks: int) -> tuple[list[int], bool, bool]:
+    role, k = seg.split(":")
+    k = int(k)
+    first, last = role in ("first", "whole"), role in ("last", "whole")
+    start = 0 if first else n_blocks - k if last else 1  # every block has the same shape: any k of them
+    return list(range(start, start + k)), first, last
+
+
+class _Clock:
+    def __init__(self, device: torch.device):
+        self.sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
+
+    def __call__(self, fn):
+        self.sync()
+        t = time.perf_counter()
+        out = fn()
+        self.sync()
+        return time.perf_counter() - t, out
+
+
+def _measure_segment(model: GPT, cfg: RunConfig, seg: str, full_rows: int, local: bool, device, repeats: int,
+                     classes: int, max_rows: int | None = None) -> dict:
+    m, dtype = cfg.model, param_dtype(cfg.train.dtype)
+    rows = min(full_rows, max_rows) if max_rows else full_rows
+    scale = full_rows / rows
+    wire = WIRE_DTYPES["float64" if cfg.train.dtype == "float64" else "float32"]
+    blocks, first, last = _blocks(seg, m.n_blocks)
+    module = Segment(model, blocks, first, last, device, dtype, wire, cfg.train.dtype)
+    params = [p for p in module.parameters()]
+    g = torch.Generator(device="cpu").manual_seed(0)
+    y = torch.randint(0, m.vocab, (rows, m.seq), generator=g).to(device)
+    x = (torch.randint(0, m.vocab, (rows, m.seq), generator=g) if first
+         else torch.randn(rows, m.seq, m.dim, generator=g, dtype=wire)).to(device)
+    clock = _Clock(device)
+
+    def forward(inp):
+        out = module(inp)
+        return lm_loss(out, y) if last else out
+
+    def fresh(detached: bool = False):
+        inp = x if first or detached else x.detach().requires_grad_(True)
+        root = forward(inp)
+        grad = None if last else torch.randn_like(root)
+        return inp, root, grad
+
+    def grads(root, grad, wrt, retain=False):
+        return torch.autograd.grad(root, wrt, grad, retain_graph=retain)
+
+    times = {k: [] for k in ("forward_s", "backward_s", "backward_input_s") + (LOCAL_PARTS if local else ())}
+    head = None
+    if local and not last:
+        head = AuxHead(m.dim, classes, m.norm_eps).to(device=device, dtype=dtype)
+        c = torch.randint(0, classes, (rows, m.seq), generator=g).to(device)
+        h = torch.randn(rows, m.seq, m.dim, generator=g, dtype=dtype).to(device)
+
+        def aux():
+            hh = h.detach().requires_grad_(True)
+            # read through one elementwise op: FlopCounterMode's module hooks refuse a leaf input
+            loss = lm_loss(head(hh + 0), c)
+            return torch.autograd.grad(loss, [hh] + list(head.parameters()))
+
+    for i in range(repeats + 1):  # the first run warms up and is not kept
+        t_f, (inp, root, grad) = clock(lambda: fresh())
+        t_i = 0.0 if first else clock(lambda: grads(root, grad, [inp], retain=True))[0]
+        t_b = clock(lambda: grads(root, grad, ([] if first else [inp]) + params))[0]
+        sample = {"forward_s": t_f, "backward_input_s": t_i, "backward_s": t_b}
+        if local:
+            _, root_d, grad_d = fresh(detached=True)
+            sample["local_backward_s"] = clock(lambda: grads(root_d, grad_d, params))[0]
+            sample["aux_s"] = clock(aux)[0] if head is not None else 0.0
+        if i > 0:
+            for k, v in sample.items():
+                times[k].append(v)
+    out = {k: statistics.median(v) for k, v in times.items()}
+    out["backward_weight_s"] = max(out["backward_s"] - out["backward_input_s"], 0.0)  # of the medians: less noise
+
+    # FLOPs of the same parts, counted on a fresh graph each
+    flops = {}
+    flops["forward_flops"] = count_flops(lambda: fresh()).get_total_flops()
+    inp, root, grad = fresh()
+    flops["backward_input_flops"] = 0 if first else count_flops(
+        lambda: grads(root, grad, [inp], retain=True)).get_total_flops()
+    flops["backward_flops"] = count_flops(lambda: grads(root, grad, ([] if first else [inp]) + params)).get_total_flops()
+    flops["backward_weight_flops"] = max(flops["backward_flops"] - flops["backward_input_flops"], 0)
+    if local:
+        flops["aux_flops"] = count_flops(aux).get_total_flops() if head is not None else 0
+    out.update({k: int(v * scale) for k, v in flops.items()})
+    if rows != full_rows:
+        out.update({k: v * scale for k, v in out.items() if k.endswith("_s")}, measured_rows=rows)
+    out["activation_bytes"] = 0 if last else full_rows * m.seq * m.dim * torch.empty((), dtype=wire).element_size()
+    out["params"] = sum(p.numel() for p in params)
+    return out
+
+
+def _time_optimizer(module: torch.nn.Module, cfg: RunConfig, device, repeats: int) -> float:
+    opt = make_optimizer(module, cfg.train)
+    for p in module.parameters():
+        p.grad = torch.zeros_like(p)
+    clock = _Clock(device)
+    samples = [clock(opt.step)[0] for _ in range(repeats + 1)][1:]
+    for p in module.parameters():
+        p.grad = None
+    return statistics.median(samples)
+
+
+def _measure_table(model: GPT, cfg: RunConfig, segs: set, local: set, device, repeats: int, classes: int,
+                   max_rows: int | None) -> dict:
+    """{"segments", "optimizer_s", "aux_optimizer_s"} of these (seg_key, rows), at the threads set now."""
+    m, dtype = cfg.model, param_dtype(cfg.train.dtype)
+    entries, optimizer = {}, {}
+    for seg, rows in sorted(segs | local):
+        e = _measure_segment(model, cfg, seg, rows, (seg, rows) in local, device, repeats, classes, max_rows)
+        key = entry_key(seg, rows)
+        entries[key] = entries.get(key, {}) | e
+    wire = WIRE_DTYPES["float64" if cfg.train.dtype == "float64" else "float32"]
+    for seg in sorted({s for s, _ in segs | local}):
+        blocks, first, last = _blocks(seg, m.n_blocks)
+        optimizer[seg] = _time_optimizer(Segment(model, blocks, first, last, device, dtype, wire, cfg.train.dtype),
+                                         cfg, device, repeats)
+    head = AuxHead(m.dim, classes, m.norm_eps).to(device=device, dtype=dtype)
+    return {"segments": entries, "optimizer_s": optimizer, "aux_optimizer_s": _time_optimizer(head, cfg, device, repeats)}
+
+
+def usable_cores() -> int:
+    """Cores this process may run on (its affinity), the most threads a cost is measured with."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def measure_costs(cfg: RunConfig, devices: list[int], repeats: int = 3, threads: int | None = None,
+                  max_rows: int | None = None) -> dict:
+    """The cost table for every placement of `cfg` at these device counts, measured now on
+    cfg.train.device. CPU: `threads` torch threads a rank (default: train.threads, else 1, one
+    rank's share), and what a process of more threads needs (the `single` candidate at N runs
+    `candidates.single_threads`) measured again with those threads into `by_threads`, for each
+    count up to the usable cores; a count above them is left out (`by_threads_unmeasured`) and
+    the candidate that needs it is not forecast.
+    max_rows: time at most this many rows an entry and scale linearly (module docstring)."""
+    if max_rows is not None and (isinstance(max_rows, bool) or not isinstance(max_rows, int) or max_rows < 1):
+        raise CostError(f"max_rows must be a whole number >= 1 (or None: every entry at its own rows), got {max_rows!r}")
+    device = resolve_device(cfg.train.device)
+    m, dtype = cfg.model, param_dtype(cfg.train.dtype)
+    cpu = device.type == "cpu"
+    threads = (threads or cfg.train.threads or 1) if cpu else None
+    before = torch.get_num_threads()
+    by_threads, unmeasured = {}, []
+    try:
+        if cpu:
+            torch.set_num_threads(threads)
+        torch.manual_seed(cfg.train.seed)
+        model = GPT(m).to(device=device, dtype=dtype)
+        need = needed(cfg, devices, threads=threads)
+        classes = min(cfg.seams.aux_classes, m.vocab) + 1
+        base = _measure_table(model, cfg, need["segments"], need["local"], device, repeats, classes, max_rows)
+        for t, at in sorted(need["by_threads"].items()):
+            if t > usable_cores():
+                unmeasured.append(t)
+                continue
+            torch.set_num_threads(t)
+            by_threads[str(t)] = _measure_table(model, cfg, at["segments"], at["local"], device, repeats, classes,
+                                                max_rows)
+    finally:
+        torch.set_num_threads(before)
+    return {
+        "kind": COSTS_KIND, "version": COSTS_VERSION,
+        "machine": machine(), "device": device.type,
+        "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
+        "torch_version": torch.__version__, "threads": threads,
+        "dtype": cfg.train.dtype, "repeats": repeats, "max_rows": max_rows,
+        "row_scaling": None if max_rows is None else f"entries over {max_rows} rows timed at {max_rows} and scaled "
+                                                      f"linearly in rows",
+        "model": {k: getattr(m, k) for k in ("vocab", "dim", "n_blocks", "n_heads", "seq", "mlp_mult")},
+        "batch": cfg.data.batch, "aux_classes": classes,
+        "grad_bytes": sum(p.numel() * p.element_size() for p in model.parameters()),
+        "n_tensors": len(list(model.parameters())),
+        **base, "by_threads": by_threads, "by_threads_unmeasured": unmeasured,
+    }
+
+
+# ----------------------------------------------------------------------------- saving and loading
+
+def save_costs(path, table: dict) -> Path:
+    write_json(path, table)
+    return Path(path)
+
+
+def load_costs(path) -> dict:
+    """A cost table from JSON (or the one a forecast report holds); CostError (one line) if it is
+    missing, unreadable or malformed."""
+    path = Path(path)
+    try:
+        table = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise CostError(f"cost table {path} does not exist") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CostError(f"cost table {path} is not readable JSON ({e})") from None
+    if isinstance(table, dict) and isinstance(table.get("cost_table"), dict):
+        table = table["cost_table"]  # a forecast report carries the table it used
+    check_costs(table, f"cost table {path}")
+    return table
+
+
+def check_costs(table, where: str = "cost table") -> None:
+    if not isinstance(table, dict) or table.get("kind") != COSTS_KIND:
+        raise CostError(f"{where} is not a seamkit forecast cost table (no kind={COSTS_KIND!r})")
+    for key, typ in (("segments", dict), ("optimizer_s", dict), ("model", dict), ("batch", int),
+                     ("aux_optimizer_s", (int, float)), ("grad_bytes", int), ("n_tensors", int), ("device", str)):
+        if not isinstance(table.get(key), typ):
+            raise CostError(f"{where}: {key} missing or of the wrong type")
+    _check_entries(table["segments"], f"{where}: segments")
+    by = table.get("by_threads", {})
+    if not isinstance(by, dict):
+        raise CostError(f"{where}: by_threads is not an object of thread count -> costs")
+    for t, sub in by.items():
+        if not (isinstance(sub, dict) and isinstance(sub.get("segments"), dict)
+                and isinstance(sub.get("optimizer_s"), dict) and isinstance(sub.get("aux_optimizer_s"), (int, float))):
+            raise CostError(f"{where}: by_threads.{t} lacks segments, optimizer_s or aux_optimizer_s")
+        _check_entries(sub["segments"], f"{where}: by_threads.{t}.segments")
+
+
+def _check_entries(segments: dict, where: str) -> None:
+    for name, e in segments.items():
+        for part in PARTS + ("activation_bytes",):
+            v = e.get(part) if isinstance(e, dict) else None
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or v < 0:
+                raise CostError(f"{where}.{name}.{part} missing or not a number >= 0")
+
+
+def costs_at(table: dict, threads: int | None) -> dict | None:
+    """The table with its segments and optimizer steps measured with `threads` torch threads: the
+    table itself for its own count (or None: an accelerator), else its `by_threads` entry; None
+    where it has none (the candidate cannot be forecast from it)."""
+    if threads is None or threads == (table.get("threads") or 1):
+        return table
+    sub = (table.get("by_threads") or {}).get(str(threads))
+    return None if sub is None else {**table, **sub, "threads": threads}
+
+
+def check_matches(table: dict, cfg: RunConfig) -> None:
+    """The table was measured for this model and batch, or CostError naming the first difference."""
+    m = cfg.model
+    for k, v in table["model"].items():
+        if getattr(m, k, None) != v:
+            raise CostError(f"cost table measured for model.{k}={v}, the config has {getattr(m, k, None)}; "
+                            f"measure again for this config (omit --costs)")
+    if table["batch"] != cfg.data.batch:
+        raise CostError(f"cost table measured for data.batch={table['batch']}, the config has {cfg.data.batch}")
+
+
+def part(table: dict, seg: str, rows: int, name: str) -> float:
+    e = table["segments"].get(entry_key(seg, rows))
+    if e is None or name not in e:
+        raise CostError(f"cost table has no {name} for {entry_key(seg, rows)}; it was measured for other device "
+                        f"counts: measure again with these --devices (omit --costs)")
+    return e[name]

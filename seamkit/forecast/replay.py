@@ -1,0 +1,229 @@
+"""The discrete-event replay: torch's own action order per rank, timed with measured costs.
+
+Pipe schedules. `torch_order` builds the torch.distributed.pipelining schedule class the e2e
+arm runs (plan.SCHEDULE_CLASSES) on stand-in stages, with no process group, and reads the
+order every rank executes from it: `pipeline_order` (rank -> [_Action]) of the multi-stage
+classes, and the same attribute of GPipe and 1F1B, which torch 2.13 fills from their
+`_get_pipeline_order`. Nothing here writes a schedule's order down. Only compute actions are
+kept: F, B (input and weight gradient at once), I (input gradient), W (weight gradient);
+OVERLAP_F_B (DualPipeV) runs its sub-actions one after another, as the runtime does without a
+custom function; None (an idle slot of torch's step grid), REDUCE_GRAD and UNSHARD/RESHARD cost
+nothing here. One repair: torch 2.13's Schedule1F1B order numbers the last rank's forwards
+1..M instead of 0..M-1 (it counts up before its first forward when there is no warm-up); where
+a stage's actions of one type are not exactly the micro-batches 0..M-1, they are renumbered in
+the order they appear, which is the order the 1F1B runtime runs them (`relabelled` says when).
+
+`replay` then walks each rank's list in order: an action starts when its rank is free and its
+inputs have arrived (F(v, i) needs F(v-1, i); B or I (v, i) needs the input gradient of
+(v+1, i); W needs its own I), and a message across ranks arrives a link time after its producer
+ends (sends are asynchronous and never hold the rank up; no contention). Two stages on one rank
+hand over for free, as the V schedules do. Makespan, busy time per rank and the bubble (the idle
+share of all ranks' time) come out.
+
+Local stages. `replay_local` runs the local arm's bounded queue the same way, step by step:
+each rank receives, runs its segments, sends after its last segment's forward and then waits
+until at most `queue` of its sends are still untaken (the Wire's commit), as local.py does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Callable
+
+from torch.distributed.pipelining import schedules
+
+from seamkit.config import SeamkitError
+from seamkit.seams.pipeline.plan import SCHEDULE_CLASSES, placement
+
+T = schedules._ComputationType
+F, B, I, W = T.FORWARD, T.FULL_BACKWARD, T.BACKWARD_INPUT, T.BACKWARD_WEIGHT
+COMPUTE = (F, B, I, W)
+
+
+class ReplayError(SeamkitError):
+    """A schedule order the replay cannot run to the end (an action waits on one that never comes)."""
+
+
+def _stand_in(stage_index: int, num_stages: int, ranks: int, rank: int):
+    """What the schedule constructors read of a PipelineStage; no module, no process group."""
+    return SimpleNamespace(stage_index=stage_index, num_stages=num_stages, group_size=ranks, group_rank=rank,
+                           is_first=stage_index == 0, is_last=stage_index == num_stages - 1, submod=None)
+
+
+def _compute_actions(actions) -> list:
+    out = []
+    for a in actions:
+        if a is None:
+            continue
+        if a.computation_type == T.OVERLAP_F_B:
+            out.extend(s for s in a.sub_actions or () if s.computation_type in COMPUTE)
+        elif a.computation_type in COMPUTE:
+            out.append(a)
+    return out
+
+
+FAMILIES = {"forward": (F,), "input gradient": (B, I), "weight gradient": (B, W)}  # each: every micro-batch once
+
+
+def _relabel(order: dict, micro_batches: int) -> tuple[dict, list]:
+    """Renumber a stage's forwards in order of appearance where they are not exactly 0..M-1 (torch
+    2.13's 1F1B last rank); any other family that misses or repeats a micro-batch is an error."""
+    seen: dict = {}
+    for r in order:
+        for a in order[r]:
+            for fam, kinds in FAMILIES.items():
+                if a.computation_type in kinds:
+                    seen.setdefault((a.stage_index, fam), []).append(a.microbatch_index)
+    bad = {k for k, mbs in seen.items() if sorted(mbs) != list(range(micro_batches))}
+    wrong = sorted(f"stage {s} {fam}" for s, fam in bad if fam != "forward")
+    if wrong:
+        raise ReplayError(f"schedule order does not run every micro-batch 0..{micro_batches - 1} once: {', '.join(wrong)}")
+    if not bad:
+        return order, []
+    count: dict = {}
+    fixed = {}
+    for r in order:
+        fixed[r] = []
+        for a in order[r]:
+            if (a.stage_index, "forward") in bad and a.computation_type == F:
+                i = count.get(a.stage_index, 0)
+                count[a.stage_index] = i + 1
+                a = a._replace(microbatch_index=i)
+            fixed[r].append(a)
+    return fixed, sorted(f"{s}F" for s, _ in bad)
+
+
+@dataclass
+class Order:
+    actions: dict  # rank -> [_Action] (compute actions, in the order the rank runs them)
+    relabelled: list = field(default_factory=list)  # "stage+type" whose micro-batches were renumbered
+
+
+def torch_order(schedule: str, stages: int, micro_batches: int) -> Order:
+    """Every rank's compute actions for `schedule` on `stages` ranks, as torch's class orders them."""
+    name, style = SCHEDULE_CLASSES[schedule]
+    cls = getattr(schedules, name)
+    owner = placement(schedule, stages)
+    V = len(owner)
+    if style == "single":
+        sched = cls(_stand_in(0, V, stages, 0), n_microbatches=micro_batches)
+    else:
+        sched = cls([_stand_in(v, V, stages, 0) for v, r in enumerate(owner) if r == 0],
+                    n_microbatches=micro_batches)
+    raw = sched.pipeline_order
+    if not raw:
+        raise ReplayError(f"torch's {name} gives no pipeline_order to replay")
+    actions = {r: _compute_actions(raw[r]) for r in sorted(raw)}
+    actions, relabelled = _relabel(actions, micro_batches)
+    return Order(actions, relabelled)
+
+
+@dataclass
+class Replay:
+    makespan_s: float
+    busy_s: list  # per rank
+    finish_s: list  # per rank: when its last action ends
+    spans: dict  # rank -> [(action, start_s, end_s)]
+
+    @property
+    def bubble(self) -> float:
+        total = len(self.busy_s) * self.makespan_s
+        return 1 - sum(self.busy_s) / total if total > 0 else 0.0
+
+
+def replay(order: dict, owner: list[int], cost: Callable, message_s: Callable[[int], float]) -> Replay:
+    """Run rank-ordered compute actions over virtual stages placed by `owner` (stage -> rank).
+    cost(action) -> seconds; message_s(v) -> seconds for one message across boundary v (v | v+1)
+    between two ranks."""
+    V = len(owner)
+    ranks = sorted(order)
+    done: dict = {}  # ("F" | "G", stage, micro-batch) -> time it is available on its own rank
+    # int zeros: costs given as Fractions stay exact all the way through (the tests' textbook bubbles)
+    free = {r: 0 for r in ranks}
+    busy = {r: 0 for r in ranks}
+    pos = {r: 0 for r in ranks}
+    spans: dict = {r: [] for r in ranks}
+
+    def arrival(key, src: int, dst: int, boundary: int):
+        t = done.get(key)
+        if t is None:
+            return None
+        return t if owner[src] == owner[dst] else t + message_s(boundary)
+
+    def ready(a):
+        v, i, kind = a.stage_index, a.microbatch_index, a.computation_type
+        if kind == F:
+            return 0 if v == 0 else arrival(("F", v - 1, i), v - 1, v, v - 1)
+        if ("F", v, i) not in done:
+            return None
+        if kind == W:
+            return done.get(("G", v, i))
+        return done[("F", v, i)] if v == V - 1 else arrival(("G", v + 1, i), v + 1, v, v)
+
+    remaining = sum(len(order[r]) for r in ranks)
+    while remaining:
+        progress = False
+        for r in ranks:
+            while pos[r] < len(order[r]):
+                a = order[r][pos[r]]
+                t = ready(a)
+                if t is None:
+                    break
+                start = max(free[r], t)
+                end = start + cost(a)
+                spans[r].append((str(a), start, end))
+                busy[r] += end - start
+                free[r] = end
+                kind = a.computation_type
+                if kind == F:
+                    done[("F", a.stage_index, a.microbatch_index)] = end
+                elif kind in (B, I):
+                    done[("G", a.stage_index, a.microbatch_index)] = end
+                pos[r] += 1
+                remaining -= 1
+                progress = True
+        if not progress:
+            stuck = {r: str(order[r][pos[r]]) for r in ranks if pos[r] < len(order[r])}
+            raise ReplayError(f"schedule order cannot run to the end: every rank waits ({stuck})")
+    finish = [free[r] for r in ranks]
+    return Replay(max(finish) if finish else 0, [busy[r] for r in ranks], finish, spans)
+
+
+# ----------------------------------------------------------------------------- the local arm's stages
+
+@dataclass
+class LocalReplay:
+    step_s: float  # steady state: seconds between two steps of the last rank
+    busy_s: list  # per rank, one step
+    steps: int
+
+    @property
+    def bubble(self) -> float:
+        total = len(self.busy_s) * self.step_s
+        return 1 - sum(self.busy_s) / total if total > 0 else 0.0
+
+
+def replay_local(before_send: list[float], after_send: list[float], message_s: list[float], queue: int,
+                 steps: int | None = None) -> LocalReplay:
+    """Ranks 0..S-1 each step: receive (rank > 0), `before_send[r]` seconds of compute, send to
+    r+1 (`message_s[r]` to arrive), wait until at most `queue` sends are untaken, `after_send[r]`
+    more. The step time is the steady state of the last rank over the second half of the steps."""
+    S = len(before_send)
+    steps = steps or 4 * S + 16
+    recv_done = [[0.0] * steps for _ in range(S)]  # when rank r took step n's input
+    sent = [[0.0] * steps for _ in range(S)]
+    end = [[0.0] * steps for _ in range(S)]
+    for n in range(steps):
+        for r in range(S):
+            free = end[r][n - 1] if n else 0.0
+            got = free if r == 0 else max(free, sent[r - 1][n] + message_s[r - 1])
+            recv_done[r][n] = got
+            sent[r][n] = got + before_send[r]
+            resume = sent[r][n]
+            if r < S - 1 and n >= queue:
+                resume = max(resume, recv_done[r + 1][n - queue])  # commit(queue): the oldest send was taken
+            end[r][n] = resume + after_send[r]
+    half = steps // 2
+    step_s = (end[S - 1][steps - 1] - end[S - 1][half - 1]) / (steps - half)
+    return LocalReplay(step_s, [b + a for b, a in zip(before_send, after_send)], steps)

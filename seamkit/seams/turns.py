@@ -1,0 +1,141 @@
+"""How an arm takes turns with the other arms of the study, on one process or on many.
+
+The arms of a study train in turns of `seams.slice_seconds` of their own training clock: only the
+arm holding the turn trains, the others wait with their clocks paused, so whatever else the
+machine does lands on every arm alike (`seams.processes` hands the turns out).
+
+- `Turns`: a one-process arm's side, a gate its budget loop calls before every step (it waits on
+  a multiprocessing Event and hands the turn back through a queue).
+- `RankTurns`: one rank's side of an arm that runs on several processes (data parallel, pipeline
+  stages). All its ranks pause at the same step boundary: rank 0 decides (`due`) and says so in
+  the message its run sends every step anyway, then each rank reports a `_paused` event and
+  waits, clock paused, until the arm's coordinator leaves `go-<n>` in the turns folder (or
+  `halt`, when the study stops). The coordinator hands the turn back only once every rank has
+  paused, so no rank of one arm computes during another arm's turn.
+
+Both record each turn's steps, seconds and tokens/s (`slices`): the study's spread of speeds.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Callable
+
+from seamkit.loop import Clock
+
+TURNS_ENV = "SEAMKIT_TURNS"  # a rank's turns folder; unset: the arm runs alone, without turns
+POLL_S = 0.005  # how often a paused rank looks for its go file
+
+
+class _Slices:
+    def __init__(self, tokens_per_step: int):
+        self.per_step = tokens_per_step
+        self.t0, self.steps0, self.wall0 = 0.0, 0, 0.0
+        self.slices: list[dict] = []  # wall_start/wall_end: time.monotonic(), one clock for every process
+
+    def _start(self, t: float, steps: int) -> None:
+        self.t0, self.steps0, self.wall0 = t, steps, time.monotonic()
+
+    def _record(self, steps: int, t: float) -> None:
+        if steps > self.steps0 and t > self.t0:
+            self.slices.append({"steps": steps - self.steps0, "seconds": t - self.t0,
+                                "tokens_per_s": (steps - self.steps0) * self.per_step / (t - self.t0),
+                                "wall_start": self.wall0, "wall_end": time.monotonic()})
+
+
+class Turns(_Slices):
+    """A one-process arm's side of the turns: `gate(clock, steps)` for `loop.budget_loop`.
+
+    Before a step, it waits for the turn (clock paused) when it does not hold it, and hands the
+    turn on once the current slice has run `slice_s` training seconds.
+    """
+
+    def __init__(self, arm: str, go, q, slice_s: float, tokens_per_step: int, stop: Callable[[], bool]):
+        super().__init__(tokens_per_step)
+        self.arm, self.go, self.q, self.slice_s, self.stop = arm, go, q, slice_s, stop
+        self.held = False
+
+    def acquire(self) -> None:
+        while not self.go.wait(0.1):
+            if self.stop():
+                return  # the loop sees stop() next and ends the arm as interrupted
+        self.held = True
+
+    def release(self, done: bool = False) -> None:
+        self.held = False
+        self.go.clear()
+        self.q.put({"kind": "_turn", "arm": self.arm, "done": done})
+
+    def __call__(self, clock: Clock, steps: int) -> None:
+        if self.held and clock.elapsed() - self.t0 < self.slice_s:
+            return
+        with clock.paused():
+            if self.held:
+                self._record(steps, clock.elapsed())
+                self.release()
+            self.acquire()
+        self._start(clock.elapsed(), steps)
+
+    def finish(self, steps: int, elapsed_s: float) -> None:
+        """Close the last slice (the loop has ended)."""
+        if self.held:
+            self._record(steps, elapsed_s)
+
+
+class RankTurns(_Slices):
+    """One rank's side of a multi-process arm's turns (see the module docstring). Without a
+    folder every call is a no-op: the arm runs alone."""
+
+    def __init__(self, folder, rank: int, slice_s: float, tokens_per_step: int, emit: Callable[[dict], None]):
+        super().__init__(tokens_per_step)
+        self.folder = Path(folder) if folder else None
+        self.rank, self.slice_s, self.emit, self.n = rank, slice_s, emit, 0
+
+    @classmethod
+    def from_env(cls, rank: int, slice_s: float, tokens_per_step: int, emit) -> "RankTurns":
+        return cls(os.environ.get(TURNS_ENV), rank, slice_s, tokens_per_step, emit)
+
+    def first(self) -> None:
+        """Wait for the arm's first turn (before its clock starts)."""
+        if self.folder is not None:
+            self._wait(0)
+
+    def due(self, clock: Clock, steps: int) -> bool:
+        """Rank 0, after `steps` steps: this turn's slice is used up (a turn runs at least one step)."""
+        return self.folder is not None and steps > self.steps0 and clock.elapsed() - self.t0 >= self.slice_s
+
+    def pause(self, clock: Clock, steps: int) -> None:
+        """Every rank, at the step boundary rank 0 named: hand the turn on and wait for the next."""
+        if self.folder is None:
+            return
+        with clock.paused():
+            self._record(steps, clock.elapsed())
+            self.n += 1
+            self.emit({"kind": "_paused", "turn": self.n, "rank": self.rank})
+            self._wait(self.n)
+        self._start(clock.elapsed(), steps)
+
+    def finish(self, steps: int, elapsed_s: float) -> None:
+        """The rank's training has ended: its last slice, and a `_trained` event, so the
+        coordinator no longer waits for this rank to pause (a stage that stopped on a failure
+        while its upstream still runs)."""
+        if self.folder is not None:
+            self._record(steps, elapsed_s)
+            self.emit({"kind": "_trained", "rank": self.rank})
+
+    def _wait(self, n: int) -> None:
+        go, halt = self.folder / f"go-{n}", self.folder / "halt"
+        while not (go.exists() or halt.exists()):
+            time.sleep(POLL_S)
+
+
+def give_turn(folder, n: int) -> None:
+    """The coordinator's side: turn `n` of a multi-process arm may start."""
+    Path(folder, f"go-{n}").touch()
+
+
+def halt(folder) -> None:
+    """The coordinator's side: no rank of the arm waits for a turn any more (the study stops)."""
+    Path(folder, "halt").touch()

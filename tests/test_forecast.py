@@ -1,0 +1,444 @@
+"""The forecast: torch's orders replayed give the textbook bubbles, costs scale, the order is
+torch's, validate names the worst candidate, bad CLI inputs are one line, costs are measured;
+a seams report's candidates validate it, its held-out curves give the time to target, the
+figures draw the report."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from fractions import Fraction
+
+import pytest
+import torch
+from torch.distributed.pipelining import schedules
+
+from seamkit import cli
+from seamkit.config import preset
+from seamkit.forecast import (
+    ForecastError,
+    Link,
+    curves_from_report,
+    forecast,
+    forecast_figures,
+    load_costs,
+    measure_costs,
+    measured_speeds,
+    replay,
+    save_costs,
+    time_to_target,
+    torch_order,
+    validate_report,
+    validation_lines,
+)
+from seamkit.forecast import costs as costs_module
+from seamkit.forecast import validate as validate_forecast
+from seamkit.forecast.candidates import needed
+from seamkit.forecast.costs import COSTS_KIND, PARTS, CostError, entry_key
+from seamkit.seams.pipeline.plan import placement
+
+FREE = Link(0.0, 1e300, name="free")
+
+
+def unit_replay(schedule: str, P: int, M: int, f=1, i=1, w=1):
+    """Replay torch's order with exact costs: F = f, I = i, W = w, B = i + w, messages free."""
+    cost = {"F": Fraction(f), "I": Fraction(i), "W": Fraction(w), "B": Fraction(i + w)}
+    order = torch_order(schedule, P, M)
+    return replay(order.actions, placement(schedule, P), lambda a: cost[a.computation_type.value], lambda v: 0)
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+@pytest.mark.parametrize("P,M", [(2, 4), (3, 5), (4, 8)])
+def test_gpipe_and_1f1b_give_the_textbook_bubble(schedule, P, M):
+    r = unit_replay(schedule, P, M, f=1, i=1, w=0)  # unit forward and backward, zero link
+    assert r.bubble == Fraction(P - 1, M + P - 1)
+    assert r.makespan_s == 2 * (M + P - 1)
+
+
+@pytest.mark.parametrize("P,M", [(2, 4), (4, 8), (4, 16)])
+def test_zbv_bubble_with_and_without_weight_gradients(P, M):
+    # F = I = W: only the warm-up no order can avoid (rank P-1 waits for P-1 forwards), per rank
+    # of 6M chunk actions; W = 0 leaves nothing to fill the warm-up and cool-down, and ZB-V's
+    # bubble is that of 1F1B over its 2 chunks a rank: (P-1)(F+I) idle per rank
+    assert unit_replay("zbv", P, M, 1, 1, 1).bubble == Fraction(P - 1, 6 * M + P - 1)
+    no_w = unit_replay("zbv", P, M, 1, 1, 0)
+    assert no_w.bubble == Fraction(P - 1, 2 * M + P - 1)
+    assert no_w.bubble == unit_replay("interleaved1f1b", P, M, 1, 1, 0).bubble
+
+
+ORDER_SCHEDULES = (("dualpipev", 2, 4), ("zbv", 2, 4), ("interleavedzb", 2, 4), ("dualpipev", 3, 6))
+HASH_SEEDS = (0, 7)
+ORDER_SCRIPT = ("import sys; from seamkit.forecast.replay import torch_order\n"
+                "for s, p, m in {schedules}:\n    o = torch_order(s, p, m); print(s, p, m, o.actions, o.relabelled)")
+
+
+def test_torch_order_does_not_depend_on_the_hash_seed():
+    # each process hashes str (and so _ComputationType, a str enum) with its own seed, this one
+    # with a random one: an order built through a set of actions would come out different
+    want = "".join(f"{s} {p} {m} {o.actions} {o.relabelled}\n"
+                   for s, p, m in ORDER_SCHEDULES for o in [torch_order(s, p, m)])
+    procs = [subprocess.Popen([sys.executable, "-c", ORDER_SCRIPT.format(schedules=ORDER_SCHEDULES)],
+                              env={**os.environ, "PYTHONHASHSEED": str(seed)}, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for seed in HASH_SEEDS]
+    for seed, proc in zip(HASH_SEEDS, procs):
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, (seed, err.strip().splitlines()[-1:])
+        assert out == want, seed
+
+
+def fake_costs(cfg, devices) -> dict:
+    """A hand-made cost table: every time a distinct dyadic number of seconds."""
+    need = needed(cfg, devices)
+    segs = {}
+    for seg, rows in sorted(need["segments"] | need["local"]):
+        k = int(seg.split(":")[1]) + (2 if seg.startswith(("last", "whole")) else 0)
+        t = rows * k / 1024
+        segs[entry_key(seg, rows)] = {"forward_s": t, "backward_input_s": 0.0 if seg.startswith(("first", "whole"))
+                                      else t, "backward_weight_s": t, "backward_s": 2 * t, "local_backward_s": 1.5 * t,
+                                      "aux_s": t / 4, "activation_bytes": rows * cfg.model.seq * cfg.model.dim * 4}
+        segs[entry_key(seg, rows)]["backward_s"] = segs[entry_key(seg, rows)]["backward_input_s"] + t
+    opt = {s: int(s.split(":")[1]) / 4096 for s, _ in need["segments"] | need["local"]}
+    return {"kind": COSTS_KIND, "version": 1, "device": "cuda", "gpu": "hand-made", "torch_version": "x",
+            "threads": None, "machine": {}, "model": {k: getattr(cfg.model, k) for k in
+                                                       ("vocab", "dim", "n_blocks", "n_heads", "seq", "mlp_mult")},
+            "batch": cfg.data.batch, "grad_bytes": 1 << 20, "n_tensors": 43, "segments": segs, "optimizer_s": opt,
+            "aux_optimizer_s": 1 / 8192}
+
+
+def _doubled(table: dict) -> dict:
+    t = json.loads(json.dumps(table))
+    for e in t["segments"].values():
+        for k in e:
+            if k.endswith("_s"):
+                e[k] *= 2
+    t["optimizer_s"] = {k: 2 * v for k, v in t["optimizer_s"].items()}
+    t["aux_optimizer_s"] *= 2
+    return t
+
+
+def test_doubling_every_cost_halves_tokens_per_s():
+    cfg = preset("tiny")
+    link = Link(1 / 4096, 2.0 ** 30)
+    table = fake_costs(cfg, [1, 2, 4])
+    a = forecast(cfg, [1, 2, 4], costs=table, link=link)
+    b = forecast(cfg, [1, 2, 4], costs=_doubled(table), link=Link(2 * link.latency_s, link.bandwidth_bytes_per_s / 2))
+    seen = 0
+    for n in ("1", "2", "4"):
+        for arm in ("e2e", "local"):
+            for name, c in a["by_devices"][n][arm]["candidates"].items():
+                d = b["by_devices"][n][arm]["candidates"][name]
+                if c["forecast"]:
+                    seen += 1
+                    # doubling is exact in binary floating point: the halving is exact too
+                    assert d["tokens_per_s"] == c["tokens_per_s"] / 2, (n, arm, name)
+                    assert d["bubble"] == c["bubble"], (n, arm, name)
+    assert seen >= 10
+
+
+def test_the_forecast_reads_the_schedule_order_from_torch(monkeypatch):
+    cfg = preset("tiny")
+    table = fake_costs(cfg, [2])
+    before = forecast(cfg, [2], costs=table, link=FREE)["by_devices"]["2"]["e2e"]["candidates"]["pipe:1f1b:4"]
+    original = schedules.Schedule1F1B._get_pipeline_order
+
+    def first_rank_backwards_reversed(self):  # a legal order: rank 0 runs its forwards, then B3 .. B0
+        order = original(self)
+        kind = schedules._ComputationType
+        acts = [a for a in order[0] if a.computation_type in (kind.FORWARD, kind.FULL_BACKWARD)]
+        order[0] = [a for a in acts if a.computation_type == kind.FORWARD] + \
+            [a for a in reversed(acts) if a.computation_type == kind.FULL_BACKWARD]
+        return order
+    monkeypatch.setattr(schedules.Schedule1F1B, "_get_pipeline_order", first_rank_backwards_reversed)
+    after = forecast(cfg, [2], costs=table, link=FREE)["by_devices"]["2"]["e2e"]["candidates"]["pipe:1f1b:4"]
+    assert after["step_s"] > before["step_s"]
+    assert after["bubble"] > before["bubble"]
+
+
+def test_validate_names_the_worst_candidate():
+    cfg = preset("tiny")
+    rep = forecast(cfg, [1, 2], costs=fake_costs(cfg, [1, 2]), link=FREE)
+    e2e, local = rep["by_devices"]["2"]["e2e"]["candidates"], rep["by_devices"]["2"]["local"]["candidates"]
+    measured = {"e2e": {"2": {"single": e2e["single"]["tokens_per_s"] / 1.25, "dp": e2e["dp"]["tokens_per_s"] * 2,
+                              "pipe:gpipe:4": e2e["pipe:gpipe:4"]["tokens_per_s"]}},
+                "local": {2: {"stages": local["stages"]["tokens_per_s"] * 1.5, "nope": 1.0}}}
+    out = validate_forecast(rep, measured)
+    assert (out["worst"]["arm"], out["worst"]["devices"], out["worst"]["candidate"]) == ("e2e", 2, "dp")
+    assert out["worst"]["relative_error"] == -0.5
+    assert [m["candidate"] for m in out["missing"]] == ["nope"]
+    assert len(out["errors"]) == 4
+
+
+def test_time_to_target_and_break_even():
+    cfg = preset("tiny")
+    rep = forecast(cfg, [1, 2, 4], costs=fake_costs(cfg, [1, 2, 4]), link=FREE)
+    curves = {"e2e": [[(0, 4.0), (10, 2.0)], [(0, 4.0), (20, 2.0)]],  # 3.0 at steps 5 and 10
+              "local": [[(0, 4.0), (4, 3.0)], [(0, 4.0), (8, 2.0)]]}  # 3.0 at steps 4 and 4
+    tt = time_to_target(rep, curves, 3.0)
+    assert tt["steps_to_target"] == {"e2e": [5.0, 10.0], "local": [4.0, 4.0]}
+    for n in ("1", "2", "4"):
+        row = tt["by_devices"][n]
+        step = rep["by_devices"][n]["e2e"]["candidates"][row["e2e"]["candidate"]]["step_s"]
+        assert row["e2e"]["seconds"]["values"] == [5.0 * step, 10.0 * step]
+    first = next((n for n in (1, 2, 4) if tt["by_devices"][str(n)]["local_first"]), None)
+    assert tt["break_even_devices"] == first
+    never = time_to_target(rep, {"e2e": curves["e2e"], "local": [[(0, 4.0), (9, 3.5)]]}, 3.0)
+    assert never["break_even"] == "none up to N_max=4"
+
+
+@pytest.mark.parametrize("args,says", [
+    (["--link", "warp"], "unknown link"),
+    (["--link", "1e-5,0"], "bandwidth"),
+    (["--devices", "1,two"], "devices must be"),
+    (["--devices", "0,2"], "devices must be"),
+    (["--costs", "MISSING"], "does not exist"),
+    (["--costs", "CORRUPT"], "not readable JSON"),
+    (["--costs", "WRONG"], "not a seamkit forecast cost table"),
+])
+def test_bad_cli_inputs_give_one_line(tmp_path, capsys, args, says):
+    (tmp_path / "corrupt.json").write_text("{not json")
+    (tmp_path / "wrong.json").write_text("[1, 2]")
+    paths = {"MISSING": tmp_path / "missing.json", "CORRUPT": tmp_path / "corrupt.json", "WRONG": tmp_path / "wrong.json"}
+    args = [str(paths.get(a, a)) for a in args]
+    out = tmp_path / "out" / "forecast.json"
+    rc = cli.main(["forecast", "--preset", "tiny", "--out", str(out), *args])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2
+    assert len(err.splitlines()) == 1 and says in err and err.startswith("seamkit forecast: error:")
+    assert not out.parent.exists()
+
+
+def test_measured_costs_have_every_part_positive(tmp_path):
+    cfg = preset("tiny")
+    table = measure_costs(cfg, [1, 2], repeats=1)
+    assert table["device"] == "cpu" and table["torch_version"] and table["machine"]["cpu_count"]
+    need = needed(cfg, [1, 2])
+    assert set(table["segments"]) == {entry_key(s, r) for s, r in need["segments"] | need["local"]}
+    for key, e in table["segments"].items():
+        first, last = key.startswith(("first", "whole")), key.startswith(("last", "whole"))
+        for p in ("forward_s", "backward_s", "forward_flops", "backward_flops", "params"):
+            assert e[p] > 0, (key, p)
+        assert set(PARTS) <= set(e)
+        assert (e["backward_input_s"] == 0) == first and (e["backward_input_flops"] == 0) == first
+        assert (e["activation_bytes"] == 0) == last
+        if "aux_s" in e:
+            assert (e["aux_s"] > 0) != last and e["local_backward_s"] > 0
+    assert all(v > 0 for v in table["optimizer_s"].values()) and table["aux_optimizer_s"] > 0
+    save_costs(tmp_path / "c.json", table)
+    assert load_costs(tmp_path / "c.json") == json.loads(json.dumps(table))
+
+
+# ----------------------------------------------------------------------------- validation, curves, figures
+
+def seams_doc(rep: dict, n: int = 2) -> dict:
+    """A hand-made seams report: its placement block measured every e2e candidate the forecast has at
+    N=n at a known multiple of the forecast (pipe:gpipe:4 did not finish), local stages at 1.5x; and
+    two seeds' held-out points."""
+    e2e, local = rep["by_devices"][str(n)]["e2e"]["candidates"], rep["by_devices"][str(n)]["local"]["candidates"]
+    cands = {"e2e": {"single": e2e["single"]["tokens_per_s"], "dp": e2e["dp"]["tokens_per_s"] * 2,
+                     "pipe:1f1b:4": e2e["pipe:1f1b:4"]["tokens_per_s"] / 1.25, "pipe:gpipe:4": None},
+             "local": {"single": local["single"]["tokens_per_s"], "stages": local["stages"]["tokens_per_s"] / 1.5}}
+
+    def seed(k, e_final, l_final):
+        arms = {a: {"status": "complete", "steps": 40 + 10 * k + (a == "local") * 20, "final_loss": round(f, 4),
+                    "loss_curve_steps": [0, 20, 40], "loss_curve": [5.0, 4.0 - k, 3.5 - k]}
+                for a, f in (("e2e", e_final), ("local", l_final))}
+        rows = [{"step": s, "tokens": s * 128, "e2e": {"loss": 5.0 - s / 10}, "local": {"loss": 5.2 - s / 10}}
+                for s in (10, 20)]
+        pts = {a: [[1.0, 4.0], [9.0, f]] for a, f in (("e2e", e_final), ("local", l_final))}
+        return {"seed": k, "arms": arms, "equal_tokens": rows,
+                "time_to_target": {"target_loss": max(e_final, l_final), "points": pts}}
+    return {"placement": {"devices": n, "chosen": {"e2e": "dp", "local": "stages"}, "candidates": cands,
+                          "fastest_e2e": "dp"},
+            "device": "cpu", "run_config": preset("tiny").to_dict(), "repeats": [seed(0, 2.5, 2.75), seed(1, 2.25, 2.125)]}
+
+
+def test_validate_report_reads_the_placement_candidates():
+    cfg = preset("tiny")
+    rep = forecast(cfg, [1, 2], costs=fake_costs(cfg, [1, 2]), link=FREE)
+    v = validate_report(rep, seams_doc(rep))
+    assert (v["worst"]["arm"], v["worst"]["devices"], v["worst"]["candidate"]) == ("e2e", 2, "dp")
+    assert v["worst"]["relative_error"] == -0.5  # (f - 2f) / 2f, exact in binary
+    assert {(r["arm"], r["candidate"]) for r in v["errors"]} == {("e2e", "single"), ("e2e", "dp"),
+                                                                 ("e2e", "pipe:1f1b:4"), ("local", "single"),
+                                                                 ("local", "stages")}
+    assert [(m["candidate"], m["why"].split(" (")[0]) for m in v["missing"]] == [("pipe:gpipe:4", "not measured")]
+    assert v["devices"] == [2] and "placement" in v["source"]
+    # tiny runs on CPU with train.threads=0: single at N=2 ran 2 threads, the others 1 a rank
+    threads = {r["candidate"]: r["threads_measured"] for r in v["errors"]}
+    assert threads == {"single": 2, "dp": 1, "pipe:1f1b:4": 1, "stages": 1}
+    text = "\n".join(validation_lines(v))
+    assert "worst: e2e dp at N=2, -50.0%" in text and "left out: e2e pipe:gpipe:4 at N=2: not measured" in text
+    with pytest.raises(ForecastError, match="no N=4"):
+        validate_report(rep, seams_doc(forecast(cfg, [4], costs=fake_costs(cfg, [4]), link=FREE), n=4))
+
+
+def test_measured_speeds_reads_every_shape():
+    one = {"e2e": {"single": 10.0, "dp": 20.0}, "local": {"stages": 30.0}}
+    want = {"e2e": {2: {"single": 10.0, "dp": 20.0}}, "local": {2: {"stages": 30.0}}}
+    for doc in ({"placement": {"devices": 2, "candidates": one}}, {"devices": 2, "tokens_per_s": one},
+                {"entries": [{"devices": 2, "tokens_per_s": one}]}, {"measured": {"2": one}}):
+        assert measured_speeds(doc)["tokens_per_s"] == want, doc
+    with pytest.raises(ForecastError, match="devices missing"):
+        measured_speeds({"tokens_per_s": one})
+    with pytest.raises(ForecastError, match="no placement block"):
+        measured_speeds({"arms": {}})
+
+
+def test_cli_validate_prints_each_error_and_stores_them(tmp_path, capsys):
+    cfg = preset("tiny")
+    table = fake_costs(cfg, [1, 2])
+    rep = forecast(cfg, [1, 2], costs=table, link=FREE)
+    save_costs(tmp_path / "costs.json", table)
+    (tmp_path / "seams.json").write_text(json.dumps(seams_doc(rep)))
+    out = tmp_path / "f.json"
+    rc = cli.main(["forecast", "--preset", "cpu", "--validate", str(tmp_path / "seams.json"), "--costs",
+                   str(tmp_path / "costs.json"), "--link", "0,1e300", "--out", str(out)])
+    printed = capsys.readouterr().out
+    assert rc == 0
+    got = json.loads(out.read_text())
+    assert got["devices"] == [1, 2]  # N=1 and the report's devices
+    assert got["run_config"]["preset"] == "tiny"  # the report's config, not --preset
+    assert got["validation"]["worst"]["candidate"] == "dp" and len(got["validation"]["errors"]) == 5
+    assert "worst: e2e dp at N=2, -50.0%" in printed and printed.count("%") >= 5
+
+
+@pytest.mark.parametrize("content,says", [(None, "does not exist"), ("{no", "not readable JSON"),
+                                          ('{"arms": {}}', "no placement block")])
+def test_cli_validate_bad_report_gives_one_line(tmp_path, capsys, content, says):
+    path = tmp_path / "seams.json"
+    if content is not None:
+        path.write_text(content)
+    out = tmp_path / "out" / "f.json"
+    rc = cli.main(["forecast", "--preset", "tiny", "--validate", str(path), "--out", str(out)])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and len(err.splitlines()) == 1 and says in err
+    assert not out.parent.exists()
+
+
+def test_curves_from_report_prefer_held_out_loss_against_steps():
+    cfg = preset("tiny")
+    doc = seams_doc(forecast(cfg, [1, 2], costs=fake_costs(cfg, [1, 2]), link=FREE))
+    c = curves_from_report(doc)
+    assert c["curve"] == "held_out" and c["seeds"] == [0, 1]
+    # equal-token rows, then (final step, final held-out loss from the last time-to-target point)
+    assert c["e2e"] == [[(10.0, 4.0), (20.0, 3.0), (40.0, 2.5)], [(10.0, 4.0), (20.0, 3.0), (50.0, 2.25)]]
+    assert c["local"] == [[(10.0, 4.2), (20.0, 3.2), (60.0, 2.75)], [(10.0, 4.2), (20.0, 3.2), (70.0, 2.125)]]
+    assert c["target"] == 2.75  # the larger seed target: every seed of both arms reaches it
+    doc["repeats"][1]["equal_tokens"] = []  # one seed without snapshots: training curves for every seed
+    t = curves_from_report(doc)
+    assert t["curve"] == "training"
+    assert t["e2e"] == [[(0.0, 5.0), (20.0, 4.0), (40.0, 3.5)], [(0.0, 5.0), (20.0, 3.0), (40.0, 2.5)]]
+    assert t["target"] == 3.5
+    doc["repeats"][0]["arms"]["local"]["status"] = doc["repeats"][1]["arms"]["e2e"]["status"] = "failed"
+    with pytest.raises(ForecastError, match="no seed whose arms both completed"):
+        curves_from_report(doc)
+
+
+def test_figures_draw_the_report():
+    cfg = preset("tiny")
+    rep = forecast(cfg, [1, 2, 4], costs=fake_costs(cfg, [1, 2, 4]), link=FREE)
+    doc = seams_doc(rep)
+    c = curves_from_report(doc)
+    rep["time_to_target"] = time_to_target(rep, {a: c[a] for a in ("e2e", "local")}, c["target"])
+    rep["validation"] = validate_report(rep, doc)
+    figs = forecast_figures(rep)
+    assert set(figs) == {"tokens_per_s", "time_to_target"}
+    traces = {t.name: t for t in figs["tokens_per_s"].data}
+    e2e = traces["e2e, forecast (fastest candidate)"]
+    best = [rep["by_devices"][n]["e2e"]["best"] for n in ("1", "2", "4")]
+    assert list(e2e.x) == [1, 2, 4] and list(e2e.text) == best
+    assert list(e2e.y) == [rep["by_devices"][n]["e2e"]["candidates"][b]["tokens_per_s"] for n, b in zip("124", best)]
+    measured = traces["e2e, measured candidates"]
+    assert sorted(measured.y) == sorted(r["measured"] for r in rep["validation"]["errors"] if r["arm"] == "e2e")
+    tt = {t.name: t for t in figs["time_to_target"].data}["local (mean over seeds, 95% interval)"]
+    secs = [rep["time_to_target"]["by_devices"][n]["local"]["seconds"] for n in ("1", "2", "4")]
+    assert list(tt.y) == [s["mean"] for s in secs]
+    assert list(tt.error_y.array) == [s["ci95"][1] - s["mean"] for s in secs]
+    assert list(tt.error_y.arrayminus) == [s["mean"] - s["ci95"][0] for s in secs]
+    del rep["time_to_target"]
+    assert set(forecast_figures(rep)) == {"tokens_per_s"}
+
+
+def test_max_rows_scales_each_entry_linearly_in_rows():
+    cfg = preset("tiny")
+    full = measure_costs(cfg, [1, 2], repeats=1)
+    capped = measure_costs(cfg, [1, 2], repeats=1, max_rows=1)
+    assert capped["row_scaling"] and full["row_scaling"] is None
+    for key, e in capped["segments"].items():
+        rows = int(key.split("@")[1])
+        assert e.get("measured_rows", rows) == 1
+        # FLOPs are linear in rows (every op is per row), so the scaled count is the full one exactly
+        for p in ("forward_flops", "backward_flops", "backward_input_flops"):
+            assert e[p] == full["segments"][key][p], (key, p)
+        assert e["activation_bytes"] == full["segments"][key]["activation_bytes"]
+    with pytest.raises(CostError, match="max_rows"):
+        measure_costs(cfg, [1], max_rows=0)
+
+
+# ----------------------------------------------------------------------------- threads (CPU)
+
+def cpu_costs(cfg, devices, by_threads=True) -> dict:
+    """fake_costs as a CPU table measured with 1 thread a rank on 8 cores; with by_threads, what
+    `single` needs at N > 1 measured again with N threads: every time a quarter of the 1-thread one."""
+    t = fake_costs(cfg, devices) | {"device": "cpu", "gpu": None, "threads": 1, "machine": {"cpu_count": 8},
+                                    "by_threads": {}}
+    for n, at in needed(cfg, devices, threads=1)["by_threads"].items() if by_threads else ():
+        pairs = at["segments"] | at["local"]
+        t["by_threads"][str(n)] = {
+            "segments": {entry_key(seg, rows): {p: v / 4 if p.endswith("_s") else v
+                                                for p, v in t["segments"][entry_key(seg, rows)].items()}
+                         for seg, rows in pairs},
+            "optimizer_s": {seg: t["optimizer_s"][seg] / 4 for seg, _ in pairs},
+            "aux_optimizer_s": t["aux_optimizer_s"] / 4}
+    return t
+
+
+def test_single_at_n_is_forecast_from_costs_measured_with_n_threads():
+    cfg = preset("tiny")  # train.threads=0: single at N runs N threads, a rank of the others 1
+    table = cpu_costs(cfg, [1, 2, 4])
+    assert set(table["by_threads"]) == {"2", "4"}
+    rep = forecast(cfg, [1, 2, 4], costs=table, link=FREE)
+    whole = entry_key(f"whole:{cfg.model.n_blocks}", cfg.data.batch)
+    seg = whole.split("@")[0]
+    for n in (1, 2, 4):
+        e2e, local = rep["by_devices"][str(n)]["e2e"]["candidates"], rep["by_devices"][str(n)]["local"]["candidates"]
+        at = table if n == 1 else table["by_threads"][str(n)]
+        e = at["segments"][whole]
+        assert e2e["single"]["threads"] == n and local["single"]["threads"] == n
+        assert e2e["single"]["step_s"] == e["forward_s"] + e["backward_s"] + at["optimizer_s"][seg]
+        if n > 1:
+            # a quarter of every time, exact in binary: four times the 1-thread forecast of N=1
+            one = rep["by_devices"]["1"]
+            assert e2e["single"]["step_s"] == one["e2e"]["candidates"]["single"]["step_s"] / 4
+            assert local["single"]["step_s"] == one["local"]["candidates"]["single"]["step_s"] / 4
+            assert {c["threads"] for name, c in e2e.items() if name != "single"} == {1}
+            assert local["stages"]["threads"] == 1
+    # no costs measured with N threads: single at N is not forecast, and says why; the rest are
+    bare = forecast(cfg, [1, 2], costs=cpu_costs(cfg, [1, 2], by_threads=False), link=FREE)["by_devices"]["2"]
+    assert not bare["e2e"]["candidates"]["single"]["forecast"]
+    assert "measured with 2 threads" in bare["e2e"]["candidates"]["single"]["reason"]
+    assert bare["e2e"]["candidates"]["dp"]["forecast"] and bare["e2e"]["best"] != "single"
+
+
+def test_measure_costs_times_single_with_the_threads_its_process_runs(monkeypatch):
+    cfg = preset("tiny")
+    seen = []
+    measure = costs_module._measure_segment
+
+    def recording(model, cfg, seg, rows, *args, **kwargs):
+        seen.append((entry_key(seg, rows), torch.get_num_threads()))
+        return measure(model, cfg, seg, rows, *args, **kwargs)
+    monkeypatch.setattr(costs_module, "_measure_segment", recording)
+    monkeypatch.setattr(costs_module, "usable_cores", lambda: 2)  # N=4's 4 threads: more than the cores
+    table = measure_costs(cfg, [1, 2, 4], repeats=1)
+    need = needed(cfg, [1, 2, 4], threads=1)
+    want2 = {entry_key(s, r) for s, r in need["by_threads"][2]["segments"] | need["by_threads"][2]["local"]}
+    assert table["threads"] == 1 and set(table["by_threads"]) == {"2"} and table["by_threads_unmeasured"] == [4]
+    assert set(table["by_threads"]["2"]["segments"]) == want2 and set(table["by_threads"]["2"]["optimizer_s"])
+    assert {k for k, t in seen if t == 2} == want2
+    assert {t for k, t in seen} == {1, 2}
+    rep = forecast(cfg, [1, 2, 4], costs=table, link=FREE, cores=8)
+    assert rep["by_devices"]["2"]["e2e"]["candidates"]["single"]["forecast"]
+    assert "4 threads" in rep["by_devices"]["4"]["e2e"]["candidates"]["single"]["reason"]

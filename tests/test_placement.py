@@ -1,0 +1,255 @@
+"""The hardware-budget study: placements, their calibration, and the study on several processes.
+
+A study at 2 devices with e2e on a pipeline schedule and local on stages must keep every rule
+of the one-process study: turns that never overlap, paired seeds, held-out views from the ranks'
+snapshots, one report schema, and checkpoints in the one-process format.
+"""
+
+import json
+import math
+
+import pytest
+import torch
+
+from seamkit import checkpoint
+from seamkit import config as C
+from seamkit.config import ConfigError
+from seamkit.data.load import load_corpus
+from seamkit.loop import evaluate_model, held_out
+from seamkit.model import GPT
+from seamkit.seams import calibration as K
+from seamkit.seams import placement as P
+from seamkit.seams import study as ST
+from seamkit.seams.arm import checkpoint_path
+from seamkit.seams.pipeline.placed import Relay
+from seamkit.seams.result import ArmResult
+
+
+def tiny(**over):
+    return C.override(C.preset("tiny"), {"train.budget_seconds": 2.0, "seams.slice_seconds": 0.6, **over})
+
+
+# ----------------------------------------------------------------------------- naming placements
+
+def test_placements_parse_and_bad_ones_are_one_line():
+    assert P.parse("pipe:1f1b:4") == P.Placement("pipe", "1f1b", 4) and P.parse("pipe:zbv").micro_batches == 0
+    assert P.parse_choice("best") == {}
+    assert P.parse_choice("e2e=dp,local=stages") == {"e2e": P.Placement("dp"), "local": P.Placement("stages")}
+    for bad, words in (("e2e=stages", "the e2e arm runs on"), ("local=dp", "the local arm runs on"),
+                       ("e2e=pipe:nope:2", "expected single, dp"), ("e2e=dp,e2e=single", "twice"),
+                       ("fast", "expected best or ARM=PLACEMENT"), ("e2e=pipe:1f1b:x", "expected single, dp")):
+        with pytest.raises(ConfigError) as e:
+            P.parse_choice(bad)
+        assert words in str(e.value) and "\n" not in str(e.value), bad
+
+
+def test_a_placement_the_budget_cannot_hold_is_refused_before_anything_runs():
+    with pytest.raises(ConfigError, match="needs at least 2 devices"):
+        P.check(tiny(**{"seams.placement": "e2e=dp"}), 1)
+    with pytest.raises(ConfigError, match="must divide evenly"):
+        P.check(tiny(**{"seams.placement": "e2e=dp", "data.batch": 6}), 4)
+    assert P.check(tiny(**{"seams.placement": "e2e=pipe:1f1b"}), 2)["e2e"].micro_batches == 4  # the default filled in
+
+
+def test_candidates_fit_the_budget():
+    one = P.candidates(tiny(), 1)
+    assert {a: [p.name for p in ps] for a, ps in one.items()} == {"e2e": ["single"], "local": ["single"]}
+    two = {a: [p.name for p in ps] for a, ps in P.candidates(tiny(), 2).items()}
+    assert two["local"] == ["single", "stages"]
+    assert two["e2e"][:2] == ["single", "dp"] and all(n.startswith("pipe:") for n in two["e2e"][2:])
+    assert len(two["e2e"]) == 2 + len(C.PIPELINE_SCHEDULES)
+    odd = {p.name for p in P.candidates(tiny(**{"data.batch": 3}), 2)["e2e"]}
+    assert "dp" not in odd  # 3 rows do not split over 2 ranks
+
+
+def test_threads_share_the_budget():
+    cfg = tiny()
+    assert P.arm_config(cfg, P.Placement("single"), 4).train.threads == 4
+    assert P.arm_config(cfg, P.Placement("dp"), 4).train.threads == 1
+    assert P.arm_config(tiny(**{"train.threads": 2}), P.Placement("stages"), 4).train.threads == 2  # as asked
+
+
+# ----------------------------------------------------------------------------- turns of a multi-process arm
+
+class _Go:
+    def __init__(self):
+        self.on = False
+
+    def is_set(self):
+        return self.on
+
+
+def test_the_turn_goes_on_only_once_every_rank_has_paused(tmp_path):
+    """Planted fault this catches: releasing on the first rank's pause (the others still computing
+    while another arm trains)."""
+    sent, released, go = [], [], _Go()
+    relay = Relay("local", 3, tmp_path, go, lambda: released.append(1), sent.append, lambda: False)
+    relay.event({"kind": "start", "arm": "local"})
+    assert [e["kind"] for e in sent] == ["_ready", "start"]
+    relay.tick([])
+    assert not (tmp_path / "go-0").exists()  # the study has not given the first turn yet
+    go.on = True
+    relay.tick([])
+    assert (tmp_path / "go-0").exists()
+    go.on = False
+    for rank in (0, 2):
+        relay.event({"kind": "_paused", "turn": 1, "rank": rank})
+    assert released == []
+    relay.event({"kind": "_paused", "turn": 1, "rank": 1})
+    assert released == [1]
+    relay.tick([])
+    assert not (tmp_path / "go-1").exists()
+    go.on = True
+    relay.tick([])
+    assert (tmp_path / "go-1").exists() and [e["kind"] for e in sent] == ["_ready", "start"]
+
+
+# ----------------------------------------------------------------------------- calibration
+
+def _result(steps, elapsed, times):
+    return ArmResult(arm="e2e", status="complete", steps=steps, tokens=steps * 10, elapsed_s=elapsed,
+                     tokens_per_s=steps * 10 / elapsed, final_loss=1.0, final_loss_stderr=0.1, eval_tokens=1,
+                     peak_vram_bytes=None, vram_growth_bytes=None, peak_rss_bytes=None, rss_start_bytes=None,
+                     rss_growth_bytes=None, lr_final=None, max_step_s=1.0, failed_step=None, objective=None,
+                     segments=[[0]], loss_curve_steps=list(range(len(times))), loss_curve_elapsed_s=times)
+
+
+def test_calibration_speed_leaves_the_warm_up_out():
+    # 8 steps: the first two (a quarter) take 5 s each, the other six 1 s each
+    times = [0.0, 5.0, 10.0, 11.0, 12.0, 13.0, 14.0, 15.0]
+    assert K.steady_tokens_per_s(_result(8, 16.0, times), 10) == 6 * 10 / 6.0
+    assert K.steady_tokens_per_s(_result(2, 10.0, times[:2]), 10) is None  # too short to say
+
+
+def test_a_committed_calibration_counts_only_for_its_machine_and_config(tmp_path, monkeypatch):
+    cfg = tiny()
+    speeds = {"e2e": {"single": 1.0, "dp": 2.0}, "local": {"single": 1.0, "stages": 3.0}}
+    entry = {"machine": K.machine_key(), "speed_key": K.speed_key(cfg, 2), "tokens_per_s": speeds, "rounds": 3}
+    path = tmp_path / "placement.json"
+    path.write_text(json.dumps({"entries": [entry]}))
+    assert K.committed(cfg, 2, path)["tokens_per_s"] == speeds
+    assert K.committed(cfg, 4, path) is None  # another budget
+    assert K.committed(tiny(**{"model.dim": 64}), 2, path) is None  # another model
+    assert K.committed(tiny(**{"train.seed": 7}), 2, path) is not None  # the seed does not set the speed
+    path.write_text(json.dumps({"entries": [{**entry, "machine": {**entry["machine"], "cores": 99}}]}))
+    assert K.committed(cfg, 2, path) is None  # another machine
+
+
+def test_best_gives_each_arm_its_fastest_candidate(monkeypatch):
+    seen = {}
+
+    def fake_measure(cfg, devices, candidates, progress=None):
+        seen["candidates"] = {a: [p.name for p in ps] for a, ps in candidates.items()}
+        tps = {a: {p.name: 1.0 + i for i, p in enumerate(ps)} for a, ps in candidates.items()}
+        tps["e2e"]["dp"] = 99.0
+        return {"tokens_per_s": tps, "seconds": 1.5, "source": "measured in this run"}
+    monkeypatch.setattr(ST, "calibrate", lambda cfg, d, c, p=None: fake_measure(cfg, d, c, p))
+    got = ST.choose_placements(tiny(), 2, {})
+    assert got["chosen"] == {"e2e": "dp", "local": "stages"} and got["fastest_e2e"] == "dp"
+    assert got["local_over_best_e2e"] == got["candidates"]["local"]["stages"] / 99.0
+    assert got["calibration_s"] == 1.5
+    named = ST.choose_placements(tiny(**{"seams.placement": "local=single"}), 2, {"local": P.Placement("single")})
+    assert named["chosen"]["local"] == "single" and named["chosen"]["e2e"] == "dp"
+
+
+def test_calibration_bench_without_an_entry_is_one_line(monkeypatch, tmp_path):
+    monkeypatch.setattr(K, "BENCH", tmp_path / "none.json")
+    monkeypatch.setattr(K, "committed", lambda cfg, d, path=None: None)
+    with pytest.raises(ConfigError, match="no entry for this machine"):
+        K.calibrate(tiny(**{"seams.calibration": "bench"}), 2, P.candidates(tiny(), 2))
+
+
+# ----------------------------------------------------------------------------- the study on two devices
+
+@pytest.fixture(scope="module")
+def studies(tmp_path_factory):
+    """One config at 1 device and at 2 (e2e on 1f1b, local on stages), 2 paired seeds each."""
+    d = tmp_path_factory.mktemp("placement")
+    base = {"seams.repeats": 2, "seams.token_marks": 2}
+    one = ST.seams_study(tiny(**base, **{"seams.devices": 1}), d / "one.json", progress=False)
+    two_cfg = tiny(**base, **{"seams.devices": 2, "seams.placement": "e2e=pipe:1f1b,local=stages"})
+    two = ST.seams_study(two_cfg, d / "two.json", progress=False)
+    return one, two, two_cfg, d / "two.json"
+
+
+def _paths(obj, prefix="") -> set:
+    """Every key path of a report (list items merged under "[]")."""
+    out = set()
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            out.add(prefix + k)
+            out |= _paths(v, prefix + k + ".")
+    elif isinstance(obj, list):
+        for v in obj:
+            out |= _paths(v, prefix + "[].")
+    return out
+
+
+# what only a multi-process placement reports: its candidates' names and each arm's wire
+PLACEMENT_EXTRA = ("placement.candidates.", ".wire.")
+
+
+def test_a_two_device_report_has_the_one_device_key_tree(studies):
+    """Planted fault this catches: a key that one placement writes and the other does not (e.g.
+    the ranks' arm without `epochs` or `slices`)."""
+    one, two, _, _ = studies
+    assert one["status"] == two["status"] == "complete"
+
+    def keys(r):
+        return {p for p in _paths(r) if not any(x in p for x in PLACEMENT_EXTRA) and not p.startswith("run_config")}
+    assert keys(one) == keys(two), keys(one) ^ keys(two)
+    assert one["placement"]["chosen"] == {"e2e": "single", "local": "single"}
+    assert two["placement"]["chosen"] == {"e2e": "pipe:1f1b:4", "local": "stages"}
+    assert [two["arms"][a]["placement"] for a in ("e2e", "local")] == ["pipe:1f1b:4", "stages"]
+    for a in ("e2e", "local"):
+        assert two["arms"][a]["wire"]["agrees"] is True and two["arms"][a]["wire"]["bytes_per_step"] > 0
+        assert one["arms"][a]["wire"] is None
+
+
+def test_multi_process_arms_take_turns_that_never_overlap(studies):
+    _, two, _, _ = studies
+    for rep in two["repeats"]:
+        s = {a: rep["arms"][a]["slices_raw"] for a in ("e2e", "local")}
+        assert all(len(v) >= 2 for v in s.values()), {a: len(v) for a, v in s.items()}  # they did take turns
+        for x in s["e2e"]:
+            for y in s["local"]:
+                assert x["wall_end"] <= y["wall_start"] or y["wall_end"] <= x["wall_start"], (x, y)
+
+
+def test_two_devices_keep_the_study_s_rigor(studies):
+    _, two, _, _ = studies
+    paired = two["aggregate"]["paired"]
+    assert two["aggregate"]["repeats_complete"] == 2
+    assert paired["loss_gap_local_minus_e2e"]["n"] == 2 and paired["loss_gap_local_minus_e2e"]["ci95"] is not None
+    for rep in two["repeats"]:
+        assert rep["equal_tokens"] and rep["time_to_target"]["seconds"]["e2e"] is not None
+        for a in ("e2e", "local"):
+            assert rep["arms"][a]["eval_tokens"] == two["arms"][a]["eval_tokens"]  # one held-out set
+
+
+def test_multi_process_checkpoints_are_one_process_checkpoints(studies):
+    """The ranks' weights, joined: a GPT that loads strictly and evaluates to the held-out loss
+    the ranks measured. Planted fault this catches: one rank's share missing from the file."""
+    _, two, cfg, out = studies
+    corpus = load_corpus(cfg.data)
+    batches = held_out(corpus, cfg)
+    for a in ("e2e", "local"):
+        ck = checkpoint.load(checkpoint_path(out, a))
+        assert ck["extra"]["placement"] == two["arms"][a]["placement"]
+        model = GPT(cfg.model)
+        model.load_state_dict(ck["model"])  # strict
+        loss, _ = evaluate_model(model, batches)
+        assert math.isclose(loss, two["repeats"][0]["arms"][a]["final_loss"], abs_tol=6e-5), a  # rounded to 4 places
+        assert torch.isfinite(torch.tensor(loss))
+
+
+def test_a_rank_that_stopped_training_does_not_hold_up_the_turn(tmp_path):
+    """A stage that failed ends its loop while upstream ranks still step and pause: the turn goes
+    on once every other rank paused. Planted fault this catches: `_trained` ignored (a hang)."""
+    released = []
+    relay = Relay("local", 3, tmp_path, None, lambda: released.append(1), lambda e: None, lambda: False)
+    relay.event({"kind": "_trained", "rank": 2})
+    relay.event({"kind": "_paused", "turn": 1, "rank": 0})
+    assert released == []
+    relay.event({"kind": "_paused", "turn": 1, "rank": 1})
+    assert released == [1]
