@@ -162,28 +162,56 @@ def test_at_delay_0_the_aux_gradient_stays_in_its_segment(corpus):
         assert torch.equal(g, plain[n] + aux[n] if n in aux else plain[n]), n
 
 
+def _graph_storages(entry) -> dict[int, int]:
+    """Storage -> bytes of what a kept graph saved for backward, found by walking its nodes'
+    saved tensors (autograd's `_saved_*` attributes), not by the arm's own hooks."""
+    found, seen, todo = {}, set(), [entry["out"].grad_fn]
+    while todo:
+        f = todo.pop()
+        if f is None or f in seen:
+            continue
+        seen.add(f)
+        for name in dir(f):
+            if name.startswith("_saved_"):
+                v = getattr(f, name)
+                for t in v if isinstance(v, (tuple, list)) else [v]:
+                    if isinstance(t, torch.Tensor):
+                        found[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        todo += [g for g, _ in f.next_functions]
+    return found
+
+
 @pytest.mark.parametrize("stashing", [True, False])
 def test_what_the_arm_keeps_is_counted(stashing, corpus):
     """At a step past the fill, after the forwards, segment k < S-1 holds d*(S-1-k)+1 kept inputs
-    (token ids for the first, activations after), as many weight copies with stashing, and d
-    output-gradients on their way; the last segment's input-gradient joins them before the
-    segment before it takes its due one: the arm's peak of kept bytes is that count."""
+    (token ids for the first, activations after), as many weight copies and kept graphs with
+    stashing, and d output-gradients on their way; the last segment's input-gradient joins them
+    before the segment before it takes its due one: the arm's peak of kept bytes is that count.
+    A kept graph counts what it saved besides its input and weights, and its output where that
+    is no later segment's kept input (segment S-2's, and segment k's d oldest)."""
     cfg = _cfg(**{"seams.delay": 1, "seams.weight_stashing": stashing})
     a = T.build_arm("delayed", cfg, corpus)
     _train(a, cfg, corpus)
     B, T_, C_ = cfg.data.batch, cfg.model.seq, cfg.model.dim
-    S = len(a.segs)
+    S, d, act = len(a.segs), cfg.seams.delay, B * T_ * C_ * 4
     want = 0
     for k in range(S - 1):
         n = D.delay_of(a, k) + 1
         weights = sum(p.numel() * 4 for _, p in a.owned[k]) if stashing else 0
-        want += n * ((B * T_ * 8 if k == 0 else B * T_ * C_ * 4) + weights) + cfg.seams.delay * B * T_ * C_ * 4
-    assert a.peak_kept_bytes == want + B * T_ * C_ * 4
+        want += n * ((B * T_ * 8 if k == 0 else act) + weights) + d * act
+        if stashing:
+            e = a.stash[k][0]
+            own = {t.untyped_storage().data_ptr() for t in [e["input"], e["out"], *e["weights"].values()]}
+            graph = sum(b for ptr, b in _graph_storages(e).items() if ptr not in own)
+            assert graph > 0
+            want += n * graph + (n if k == S - 2 else d) * act
+    assert a.peak_kept_bytes == want + act
 
 
 def test_an_arm_stopped_and_resumed_ends_like_one_never_stopped(corpus, tmp_path):
     """Stopped after 3 of 6 steps, the delayed arm's in-flight inputs, weights and gradients ride in
-    its checkpoint; resumed, it ends on the checkpoint id of a run never stopped."""
+    its checkpoint (its kept graphs as what rebuilds them); resumed, it ends on the checkpoint id
+    of a run never stopped."""
     cfg = _cfg(**{"seams.delay": 1, "seams.local_weight": 0.5})
     whole = T.run_arm("delayed", cfg, corpus, checkpoint_path=tmp_path / "whole.pt")
     steps = []
@@ -196,6 +224,24 @@ def test_an_arm_stopped_and_resumed_ends_like_one_never_stopped(corpus, tmp_path
     assert done.status == "complete" and done.steps == STEPS
     assert done.checkpoint.split(":")[-1] == whole.checkpoint.split(":")[-1]
     assert done.final_loss == whole.final_loss and math.isfinite(done.final_loss)
+
+
+def test_a_kept_graph_is_rebuilt_bit_for_bit_from_its_checkpoint(corpus, tmp_path):
+    """A kept graph rides in a checkpoint as its input and stashed weights; loaded into a fresh
+    arm, each is rebuilt to the same output, the same weights and the same kept bytes."""
+    cfg = _cfg(**{"seams.delay": 1, "seams.local_weight": 0.5})
+    a = T.build_arm("delayed", cfg, corpus)
+    _train(a, cfg, corpus, steps=3)
+    torch.save(D.state_dict(a), tmp_path / "extra.pt")
+    b = T.build_arm("delayed", cfg, corpus)
+    D.load_state_dict(b, torch.load(tmp_path / "extra.pt"))
+    assert [len(q) for q in b.stash] == [len(q) for q in a.stash] == [3, 2, 1, 0]
+    for qa, qb in zip(a.stash, b.stash):
+        for ea, eb in zip(qa, qb):
+            assert ea["batch"] == eb["batch"] and torch.equal(ea["out"], eb["out"])
+            assert all(torch.equal(ea["weights"][n], eb["weights"][n]) for n in ea["weights"])
+            assert eb["out"].grad_fn is not None
+    assert D.kept_bytes(a) == D.kept_bytes(b)
 
 
 @pytest.mark.parametrize("key,value,says", [

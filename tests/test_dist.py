@@ -413,15 +413,16 @@ def test_auto_schedule_ties_take_the_larger_stage_count(monkeypatch):
 
 
 def test_auto_schedule_is_the_fastest_the_bench_measured():
-    """seams.pipeline_schedule=auto takes bench/results/dist.json's fastest e2e configuration at each
-    stage count it measured, and falls back to 1f1b where that one cannot run."""
-    measured = json.loads((ROOT / "bench" / "results" / "dist.json").read_text())["comparison"]
-    cpu = C.override(C.cpu(), {"data.batch": 16})  # the bench's batch
-    assert {c["stages"] for c in measured} == set(D.plan.FASTEST_ON_CPU)
-    for c in measured:
-        plan = D.make_plan(cpu, c["stages"])
-        assert (plan.schedule, plan.micro_batches) == (c["e2e_schedule"], c["e2e_micro_batches"]), c["comparison"]
-    tiny = C.override(C.tiny(), {"model.n_blocks": 3})  # dualpipev needs 4 segments at 2 stages
+    """seams.pipeline_schedule=auto takes the fastest pipeline candidate bench/placement.py measured
+    at the cpu preset on 2 devices (bench/results/placement.json), and falls back to 1f1b where
+    that one cannot run."""
+    table = json.loads((ROOT / "bench" / "results" / "placement.json").read_text())
+    entry = next(e for e in table["entries"] if e["preset"] == "cpu" and e["devices"] == 2)
+    pipes = {n: v for n, v in entry["tokens_per_s"]["e2e"].items() if n.startswith("pipe:")}
+    assert set(D.plan.FASTEST_ON_CPU) == {entry["devices"]}
+    plan = D.make_plan(C.cpu(), 2)
+    assert f"pipe:{plan.schedule}:{plan.micro_batches}" == max(pipes, key=pipes.get)
+    tiny = C.override(C.tiny(), {"model.n_blocks": 3})
     assert D.make_plan(tiny, 2).schedule == "1f1b"
     assert D.make_plan(C.cpu(), 1).schedule == "1f1b" and D.make_plan(C.cpu(), 3).schedule == "1f1b"
 

@@ -6,16 +6,22 @@ Parallel DNN Training", MLSys 2021) without its learning-rate and discrepancy co
 
 Segments follow `seams.seams`, as the local arm's; S segments, delay d. At step t:
 - forward: every segment runs batch t under its current weights and hands its output on
-  detached (as local); a segment whose gradient for batch t comes later keeps its input (and,
-  with `weight_stashing`, a copy of the weights that forward used);
+  detached (as local); a segment whose gradient for batch t comes later keeps its input, and
+  with `weight_stashing` the autograd graph of that forward: it runs (`functional_call`) over a
+  detached copy of its weights taken then, leaves that require grad, so the graph keeps the
+  activations and the weights that forward used, as PipeDream keeps them;
 - the last segment backpropagates batch t's LM loss at once; the gradient with respect to its
   input is delivered to the previous segment d steps later. Segment k so receives batch t's
-  output-gradient at step t + d*(S-1-k) (`delay_of`), backpropagates it through the input it
-  kept for batch t, under the stashed weights (`weight_stashing`) or under its current ones (it
-  re-runs the forward of the kept input first), and passes its own input-gradient on;
+  output-gradient at step t + d*(S-1-k) (`delay_of`), backpropagates it and passes its own
+  input-gradient on. With `weight_stashing` that backward runs over the kept graph (no second
+  forward), its weight gradients, taken with respect to the stashed copy, added to the live
+  parameters. Without, the backward must use the weights the segment has when the gradient
+  arrives, which batch t's forward did not use, so it re-runs the forward of the kept input
+  under them first;
 - `local_weight` w > 0: every non-final segment also backpropagates w times its aux_head loss
   (an AuxHead over `seams.aux_classes` classes, as local's) of batch t at once, under its current
-  weights, into its own parameters and head only; its value is that segment's training loss;
+  weights (with stashing through the kept graph, which it keeps), into its own parameters and
+  head only; its value is that segment's training loss;
 - update: one global-norm clip over every gradient of the step (as e2e's), then AdamW at the
   step's LR. Before the pipeline fills (the first d*(S-1-k) steps of segment k) a segment with no
   gradient yet does not update: its parameters have no gradient and AdamW skips them (their
@@ -23,10 +29,13 @@ Segments follow `seams.seams`, as the local arm's; S segments, delay d. At step 
   until its first delayed gradient arrives.
 
 With d = 0 this is the e2e arm, bit for bit (tests/test_delayed.py). What the arm keeps in flight
-(kept inputs, stashed weights, output-gradients on their way) lives in the process, so the
-arm's measured memory holds it; `kept_bytes` counts it and `DelayedArm.peak_kept_bytes` keeps its
-peak (read after every forward and every gradient handed back). The in-flight state rides in every checkpoint's `extra` (`state_dict`), so a resumed arm
-continues as one never stopped.
+(kept inputs, stashed weights, kept graphs, output-gradients on their way) lives in the
+process, so the arm's measured memory holds it; `kept_bytes` counts it and
+`DelayedArm.peak_kept_bytes` keeps its peak (read after every forward and every gradient handed
+back). The in-flight state rides in every checkpoint's `extra` (`state_dict`): a graph cannot be
+saved, so a kept entry rides as its input and stashed weights, and loading rebuilds its graph by
+running that forward again, the same values bit for bit; a resumed arm continues as one never
+stopped.
 """
 
 from __future__ import annotations
@@ -37,6 +46,7 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.nn as nn
+from torch.autograd.graph import saved_tensors_hooks
 from torch.func import functional_call
 
 from seamkit.config import RunConfig
@@ -87,7 +97,7 @@ class DelayedArm:
     owned: list[list[tuple[str, nn.Parameter]]]  # each segment's (name, parameter), `cuts.segment_params`
     wrappers: list[_Segment]
     step: int = 0  # the next step, which reads batch `step`
-    stash: list[deque] = field(default_factory=list)  # per segment: {"batch", "input", "weights"}
+    stash: list[deque] = field(default_factory=list)  # per segment: {"batch", "input", "weights"[, "out", "graph"]}
     inbox: list[deque] = field(default_factory=list)  # per segment: {"due", "batch", "grad"} (output-gradients)
     peak_kept_bytes: int = 0
     log: list | None = None  # a test sets []: one entry per backward a segment takes (see `_record`)
@@ -130,12 +140,56 @@ def build_delayed(cfg: RunConfig, corpus) -> DelayedArm:
 
 
 def kept_bytes(a: DelayedArm) -> int:
-    """Bytes the arm holds in flight: kept inputs, stashed weights and output-gradients on their way."""
+    """Bytes the arm holds in flight: kept inputs, stashed weights and output-gradients on their
+    way (each its own bytes), and what a kept graph holds besides them (`graph_bytes`)."""
+    held = [t for q in a.stash for e in q for t in (e["input"], *(e["weights"] or {}).values())]
+    held += [e["grad"] for q in a.inbox for e in q]
+    return sum(t.nbytes for t in held) + graph_bytes(a.stash, held)
+
+
+def graph_bytes(stash, held: list[torch.Tensor]) -> int:
+    """Bytes the kept graphs of `stash`'s entries hold that `held` does not (`kept_forward`'s
+    storages), each storage once."""
+    seen = {t.untyped_storage().data_ptr() for t in held}
     n = 0
-    for q in a.stash:
+    for q in stash:
         for e in q:
-            n += e["input"].nbytes + sum(t.nbytes for t in (e["weights"] or {}).values())
-    return n + sum(e["grad"].nbytes for q in a.inbox for e in q)
+            for ptr, (nbytes, _) in e.get("graph", {}).items():
+                if ptr not in seen:
+                    seen.add(ptr)
+                    n += nbytes
+    return n
+
+
+def kept_forward(fn, weights: dict, args: tuple) -> tuple[torch.Tensor, dict]:
+    """fn(*args) run over `weights` (`functional_call`) with grad enabled, its graph kept; returns
+    its output and the storages the graph holds besides `weights` and `args`: those of the tensors
+    the forward saved for backward (an activation, a cast of a weight) and of its output, each
+    whole (a view keeps all of it) and with a tensor on it, so what `graph_bytes` counts is held."""
+    saved = []
+
+    def pack(t):
+        saved.append(t)
+        return t
+    with torch.enable_grad(), saved_tensors_hooks(pack, lambda t: t):
+        out = functional_call(fn, weights, args)
+    own = {t.untyped_storage().data_ptr() for t in [*weights.values(), *args] if t is not None}
+    graph = {}
+    for t in [out, *saved]:
+        s = t.untyped_storage()
+        if s.data_ptr() not in own:
+            graph[s.data_ptr()] = (s.nbytes(), t)
+    return out, graph
+
+
+def _stash_entry(a: DelayedArm, k: int, batch: int, inp: torch.Tensor, weights: dict) -> tuple[dict, torch.Tensor]:
+    """Segment k's forward of `batch` over `weights` (leaves requiring grad), its graph kept: the
+    stash entry and the output (with its graph)."""
+    first = k == 0
+    with a.autocast():
+        out, graph = kept_forward(a.wrappers[k], {f"model.{n}": t for n, t in weights.items()},
+                                  (inp, None) if first else (None, inp))
+    return {"batch": batch, "input": inp, "weights": weights, "out": out, "graph": graph}, out
 
 
 def _accumulate(p: nn.Parameter, g: torch.Tensor) -> None:
@@ -151,22 +205,23 @@ def _record(a: DelayedArm, k: int, batch: int, **kw) -> None:
 
 
 def _late_backward(a: DelayedArm, k: int, entry: dict, g_BTC: torch.Tensor) -> torch.Tensor | None:
-    """Segment k's backward of a kept batch: re-run its forward on the kept input under the
-    stashed weights (or the current ones), backpropagate g_BTC; returns the input-gradient."""
+    """Segment k's backward of a kept batch: backpropagate g_BTC through its kept graph (stashed
+    weights), or through its forward re-run on the kept input under the current weights; the
+    weight gradients go into the live parameters. Returns the input-gradient."""
     first = k == 0
-    x_BT, h_BTC = (entry["input"], None) if first else (None, entry["input"].requires_grad_())
     names = [n for n, _ in a.owned[k]]
-    with a.autocast():
-        if entry["weights"] is not None:
-            leaves = [entry["weights"][n].requires_grad_() for n in names]
-            out = functional_call(a.wrappers[k], {f"model.{n}": t for n, t in zip(names, leaves)}, (x_BT, h_BTC))
-        else:
-            leaves = [p for _, p in a.owned[k]]
+    if entry["weights"] is not None:
+        out, h_BTC = entry["out"], entry["input"]
+        leaves = [entry["weights"][n] for n in names]
+    else:
+        x_BT, h_BTC = (entry["input"], None) if first else (None, entry["input"].requires_grad_())
+        leaves = [p for _, p in a.owned[k]]
+        with a.autocast():
             out = run_segment(a.model, a.segs[k], x_BT, h_BTC)
     grads = torch.autograd.grad(out, leaves + ([] if first else [h_BTC]), g_BTC)
     for (_, p), g in zip(a.owned[k], grads):
         _accumulate(p, g)
-    _record(a, k, entry["batch"], grads=dict(zip(names, grads)), input=entry["input"], output_grad=g_BTC)
+    _record(a, k, entry["batch"], grads=dict(zip(names, grads)), input=entry["input"].detach(), output_grad=g_BTC)
     return None if first else grads[-1]
 
 
@@ -183,11 +238,16 @@ def delayed_step(a: DelayedArm, x_BT: torch.Tensor, y_BT: torch.Tensor, lr: floa
     h_BTC = None
     for k, blocks in enumerate(a.segs):
         late = delay_of(a, k) > 0
+        kept = late and a.stashing  # the forward's graph waits in the stash for its gradient
         h_in = None if k == 0 else h_BTC.detach()
-        if h_in is not None and not late:
+        if h_in is not None and (kept or not late):
             h_in.requires_grad_()
         with torch.set_grad_enabled(not late or w > 0), a.autocast():
-            h_BTC = run_segment(a.model, blocks, x_BT, h_in)
+            if kept:
+                entry, h_BTC = _stash_entry(a, k, t, x_BT if k == 0 else h_in,
+                                            {n: p.detach().clone().requires_grad_() for n, p in a.owned[k]})
+            else:
+                h_BTC = run_segment(a.model, blocks, x_BT, h_in)
             if k == last:
                 loss = lm_loss(a.model.head(a.model.norm(h_BTC)), y_BT)
             elif a.heads is not None:
@@ -196,10 +256,14 @@ def delayed_step(a: DelayedArm, x_BT: torch.Tensor, y_BT: torch.Tensor, lr: floa
             else:
                 loss = None
         if late:
-            if loss is not None:  # the aux gradient of batch t, now; it stays in the segment
+            if loss is not None and kept:  # the aux gradient of batch t, now, into the live weights
+                heads = list(a.heads[k].parameters())
+                grads = torch.autograd.grad(w * loss, list(entry["weights"].values()) + heads, retain_graph=True)
+                for p, g in zip([p for _, p in a.owned[k]] + heads, grads):
+                    _accumulate(p, g)
+            elif loss is not None:  # the aux gradient of batch t, now; it stays in the segment
                 (w * loss).backward()
-            weights = {n: p.detach().clone() for n, p in a.owned[k]} if a.stashing else None
-            a.stash[k].append({"batch": t, "input": x_BT if k == 0 else h_in, "weights": weights})
+            a.stash[k].append(entry if kept else {"batch": t, "input": x_BT if k == 0 else h_in, "weights": None})
         else:
             now[k] = (h_in, h_BTC, loss)
     a.peak_kept_bytes = max(a.peak_kept_bytes, kept_bytes(a))
@@ -246,10 +310,12 @@ def delayed_step(a: DelayedArm, x_BT: torch.Tensor, y_BT: torch.Tensor, lr: floa
 
 
 def state_dict(a: DelayedArm) -> dict:
-    """The in-flight state, plain data for a checkpoint's `extra` (tensors on the CPU)."""
+    """The in-flight state, plain data for a checkpoint's `extra` (tensors on the CPU); a kept
+    graph rides as the input and weights that rebuild it (`load_state_dict`)."""
     def cpu(e: dict) -> dict:
         return {k: (v.detach().cpu() if isinstance(v, torch.Tensor) else
-                    {n: t.cpu() for n, t in v.items()} if isinstance(v, dict) else v) for k, v in e.items()}
+                    {n: t.detach().cpu() for n, t in v.items()} if isinstance(v, dict) else v)
+                for k, v in e.items() if k not in ("out", "graph")}
     return {"step": a.step, "peak_kept_bytes": a.peak_kept_bytes,
             "stash": [[cpu(e) for e in q] for q in a.stash], "inbox": [[cpu(e) for e in q] for q in a.inbox]}
 
@@ -259,6 +325,22 @@ def load_state_dict(a: DelayedArm, state: dict) -> None:
     def dev(e: dict) -> dict:
         return {k: (v.to(a.device) if isinstance(v, torch.Tensor) else
                     {n: t.to(a.device) for n, t in v.items()} if isinstance(v, dict) else v) for k, v in e.items()}
+
+    def rebuilt(k: int, e: dict, before: dict) -> dict:
+        """A kept graph again: the entry's forward run once more, on the same input and weights.
+        Its input is the rebuilt output of segment k-1 for the batch where that is kept, so the
+        two share their bytes again, as in an arm never stopped."""
+        if e["weights"] is None:
+            return e
+        inp = e["input"]
+        if k > 0:
+            if e["batch"] in before and torch.equal(before[e["batch"]], inp):
+                inp = before[e["batch"]].detach()
+            inp.requires_grad_()
+        return _stash_entry(a, k, e["batch"], inp, {n: t.requires_grad_() for n, t in e["weights"].items()})[0]
     a.step, a.peak_kept_bytes = state["step"], state["peak_kept_bytes"]
-    a.stash = [deque(dev(e) for e in q) for q in state["stash"]]
+    a.stash, before = [], {}
+    for k, q in enumerate(state["stash"]):
+        a.stash.append(deque(rebuilt(k, dev(e), before) for e in q))
+        before = {e["batch"]: e["out"] for e in a.stash[k] if "out" in e}
     a.inbox = [deque(dev(e) for e in q) for q in state["inbox"]]

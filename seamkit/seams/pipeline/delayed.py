@@ -5,9 +5,11 @@ The maths is the one-process arm's (`seams.delayed`, whose docstring defines it)
 arm's segments (`plan.segs`, grouped into contiguous runs by `plan.local_held`). At step t each
 rank runs its segments' forwards of batch t under their current weights and hands the output of
 its last one to the next rank (at most `plan.queue` steps of sends in flight, as local's). A
-segment k whose gradient comes later keeps its input (and, with `weight_stashing`, the weights
-its forward used); its output-gradient for batch t comes back at step t + d*(S-1-k) (`delay_of`),
-where it backpropagates through what it kept and passes its input-gradient on: to the segment
+segment k whose gradient comes later keeps its input, and with `weight_stashing` its forward's
+graph over a detached copy of the weights it used (`seams.delayed.kept_forward`); its
+output-gradient for batch t comes back at step t + d*(S-1-k) (`delay_of`), where it
+backpropagates through the kept graph (without stashing, through its forward re-run under the
+current weights, which batch t's forward did not use) and passes its input-gradient on: to the segment
 before it on this rank (an inbox, exactly as one process keeps it), or across the seam to the
 previous rank, sent at once (`isend`). A seam inside a rank is simulated within the rank.
 
@@ -35,8 +37,9 @@ boundary (`seams.turns`; a turn runs at least one step).
 Traffic (`wire.Tally`): "activation" once per crossing per step; "gradient" once per crossing
 per step once the pipeline has filled to the segment after the seam (`expected_traffic`), so in
 steady state a step carries crossings x activation bytes, twice. What the arm keeps in flight
-(kept inputs, stashed weights, gradients in an inbox or in the send queue) lives in the rank's
-process, so its memory measurement holds it; `kept_bytes` counts it, `peak_kept_bytes` its peak.
+(kept inputs, stashed weights, kept graphs, gradients in an inbox or in the send queue) lives in
+the rank's process, so its memory measurement holds it; `kept_bytes` counts it (a kept graph as
+one process counts it, `seams.delayed.graph_bytes`), `peak_kept_bytes` its peak.
 """
 
 from __future__ import annotations
@@ -47,12 +50,12 @@ from collections import deque
 
 import torch
 import torch.nn as nn
-from torch.func import functional_call
 
 from seamkit.loop import BudgetLoop
 from seamkit.model import autocast, lm_loss
 from seamkit.optim import make_optimizer
 from seamkit.seams.arm import token_counts
+from seamkit.seams.delayed import graph_bytes, kept_forward
 from seamkit.seams.objectives import class_map, make_aux_heads
 from seamkit.seams.pipeline.plan import WIRE_DTYPES, Plan
 from seamkit.seams.pipeline.stage import (
@@ -95,7 +98,7 @@ class DelayedRun(RankRun):
             if self.heads:
                 self.head_opt = make_optimizer(nn.ModuleList(self.heads.values()), tc)
                 self.classes = class_map(token_counts(corpus, "train", m.vocab), sc.aux_classes).to(device)
-        self.stash = {v: deque() for v in self.mine}  # {"batch", "input", "weights"}
+        self.stash = {v: deque() for v in self.mine}  # {"batch", "input", "weights"[, "out", "graph"]}
         self.inbox = {v: deque() for v in self.mine}  # output-gradients from the next segment on this rank
         # gradients to the previous rank: their own queue, taken d steps after they are sent
         self.gwire = Wire(rank, device, WIRE_DTYPES[plan.wire_dtype], self.dtype, self.tally, self.wait)
@@ -107,11 +110,12 @@ class DelayedRun(RankRun):
         return self.d * (self.N - 1 - k)
 
     def kept_bytes(self) -> int:
-        """Kept inputs, stashed weights, output-gradients in an inbox or in the send queue."""
-        n = sum(e["input"].nbytes + sum(t.nbytes for t in (e["weights"] or {}).values())
-                for q in self.stash.values() for e in q)
-        n += sum(e["grad"].nbytes for q in self.inbox.values() for e in q)
-        return n + sum(t.nbytes for group in [*self.gwire.inflight, self.gwire.group] for _, t in group)
+        """Kept inputs, stashed weights, output-gradients in an inbox or in the send queue, and
+        what the kept graphs hold besides them (`seams.delayed.graph_bytes`)."""
+        held = [t for q in self.stash.values() for e in q for t in (e["input"], *(e["weights"] or {}).values())]
+        held += [e["grad"] for q in self.inbox.values() for e in q]
+        held += [t for group in [*self.gwire.inflight, self.gwire.group] for _, t in group]
+        return sum(t.nbytes for t in held) + graph_bytes(self.stash.values(), held)
 
     def _peak(self) -> None:
         self.peak_kept_bytes = max(self.peak_kept_bytes, self.kept_bytes())
@@ -156,15 +160,15 @@ class DelayedRun(RankRun):
         self.gwire.commit(0)
 
     def _late_backward(self, k: int, entry: dict, g_BTC: torch.Tensor) -> torch.Tensor | None:
-        """Segment k's backward of a kept batch (`seams.delayed._late_backward`): its forward re-run
-        on the kept input under the stashed weights, or the current ones; returns the input-gradient."""
+        """Segment k's backward of a kept batch (`seams.delayed._late_backward`): through its kept
+        graph (stashed weights), or its forward re-run on the kept input under the current
+        weights; the weight gradients go into the live parameters. Returns the input-gradient."""
         seg, first = self.segs[k], k == 0
-        inp = entry["input"] if first else entry["input"].requires_grad_()
-        names = [n for n, _ in seg.named_parameters()]
         if entry["weights"] is not None:
-            leaves = [entry["weights"][n].requires_grad_() for n in names]
-            out = functional_call(seg, dict(zip(names, leaves)), (inp,))
+            out, inp = entry["out"], entry["input"]
+            leaves = [entry["weights"][n] for n, _ in seg.named_parameters()]
         else:
+            inp = entry["input"] if first else entry["input"].requires_grad_()
             leaves = list(seg.parameters())
             out = seg(inp)
         grads = torch.autograd.grad(out, leaves + ([] if first else [inp]), g_BTC)
@@ -188,11 +192,16 @@ class DelayedRun(RankRun):
         now, losses = {}, {}  # now: delay-0 segments' (input, output, aux loss) to backpropagate this step
         for k in self.mine:
             late = self.delay_of(k) > 0
+            kept = late and self.stashing  # the forward's graph waits in the stash for its gradient
             h_in = None if k == 0 else inp.detach()
-            if h_in is not None and not late:
+            if h_in is not None and (kept or not late):
                 h_in.requires_grad_()
             with self.compute, torch.set_grad_enabled(not late or w > 0):
-                out = self.segs[k](x_BT if k == 0 else h_in)
+                if kept:
+                    weights = {n: p.detach().clone().requires_grad_() for n, p in self.segs[k].named_parameters()}
+                    out, graph = kept_forward(self.segs[k], weights, (x_BT if k == 0 else h_in,))
+                else:
+                    out = self.segs[k](x_BT if k == 0 else h_in)
             if k == self.seam_out and not self.last:
                 self.wire.send(out, self.rank + 1, "activation", boundary=k)
                 self.wire.commit(self.plan.queue)
@@ -204,11 +213,15 @@ class DelayedRun(RankRun):
                 if loss is not None:
                     losses[k] = loss.detach()
                 if late:
-                    if loss is not None:  # the aux gradient of batch t, now; it stays in the segment
+                    if loss is not None and kept:  # the aux gradient of batch t, now, into the live weights
+                        heads = list(self.heads[k].parameters())
+                        grads = torch.autograd.grad(w * loss, list(weights.values()) + heads, retain_graph=True)
+                        for p, g in zip(list(self.segs[k].parameters()) + heads, grads):
+                            p.grad = g if p.grad is None else p.grad + g
+                    elif loss is not None:  # the aux gradient of batch t, now; it stays in the segment
                         (w * loss).backward()
-                    weights = {n: p.detach().clone() for n, p in self.segs[k].named_parameters()} \
-                        if self.stashing else None
-                    self.stash[k].append({"batch": t, "input": x_BT if k == 0 else h_in, "weights": weights})
+                    entry = {"batch": t, "input": x_BT if k == 0 else h_in, "weights": None}
+                    self.stash[k].append(entry | ({"weights": weights, "out": out, "graph": graph} if kept else {}))
                 else:
                     now[k] = (h_in, out, loss)
             inp = out

@@ -145,10 +145,12 @@ def stage_seams(cfg: RunConfig, stages: int) -> list[int]:
     return local_seams(cfg, stages)[0]
 
 
-# seams.pipeline_schedule=auto: the fastest e2e configuration bench/dist.py measured on CPU (bench/results/dist.json,
-# cpu preset, one thread a rank): stages -> (schedule, micro-batches per stage). Other stage counts take
-# the nearest measured one; a model with too few blocks for two segments a rank takes 1f1b.
-FASTEST_ON_CPU = {2: ("dualpipev", 2), 4: ("1f1b", 1)}
+# seams.pipeline_schedule=auto: the fastest pipeline schedule bench/placement.py measured on CPU
+# (bench/results/placement.json, cpu preset, 2 devices, one thread a rank, 3 interleaved rounds):
+# stages -> (schedule, micro-batches per stage). Other stage counts take the nearest measured one;
+# a model with too few blocks for two segments a rank takes 1f1b. A study with seams.placement=best
+# measures every schedule itself (seams.calibration) and needs none of this.
+FASTEST_ON_CPU = {2: ("1f1b", 2)}
 PER_STAGE = 2  # micro-batches per stage of a schedule named explicitly
 
 
