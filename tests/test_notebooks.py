@@ -17,8 +17,8 @@ from tests.conftest import REFERENCE
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 ALL = sorted(NOTEBOOKS.glob("*.ipynb"))
 PARAMETERS = {
-    "01_seams.ipynb": {"preset", "budget_seconds", "objective", "seams", "seed", "repeats", "order", "out_dir",
-                       "overrides", "interactive"},
+    "01_seams.ipynb": {"preset", "budget_seconds", "objective", "arms", "devices", "placement", "seams", "seed",
+                       "repeats", "order", "out_dir", "overrides", "interactive"},
     "02_pruning.ipynb": {"preset", "checkpoint", "windows", "samples", "policy", "dtype", "out_dir", "overrides",
                          "interactive"},
     "03_sweep.ipynb": {"sweep_dir", "x", "series", "interactive"},  # run under papermill in tests/test_sweep.py
