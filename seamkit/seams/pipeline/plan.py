@@ -150,7 +150,7 @@ def stage_seams(cfg: RunConfig, stages: int) -> list[int]:
 # stages -> (schedule, micro-batches per stage). Other stage counts take the nearest measured one;
 # a model with too few blocks for two segments a rank takes 1f1b. A study with seams.placement=best
 # measures every schedule itself (seams.calibration) and needs none of this.
-FASTEST_ON_CPU = {2: ("1f1b", 2)}
+FASTEST_ON_CPU = {2: ("dualpipev", 2)}
 PER_STAGE = 2  # micro-batches per stage of a schedule named explicitly
 
 
