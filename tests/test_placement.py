@@ -5,8 +5,12 @@ of the one-process study: turns that never overlap, paired seeds, held-out views
 snapshots, one report schema, and checkpoints in the one-process format.
 """
 
+import glob
 import json
 import math
+import tempfile
+import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -253,3 +257,30 @@ def test_a_rank_that_stopped_training_does_not_hold_up_the_turn(tmp_path):
     assert released == []
     relay.event({"kind": "_paused", "turn": 1, "rank": 1})
     assert released == [1]
+
+
+def test_ctrl_c_stops_multi_process_arms_and_leaves_an_interrupted_report(tmp_path):
+    """Ctrl-C during a study whose arms run on ranks: every rank stops between steps (also one
+    waiting for its turn), the report says interrupted, and no rank or run folder is left.
+    Planted fault this catches: the coordinator not passing the stop on (the ranks train to the
+    end of their budget, or wait for a turn that never comes)."""
+    def ctrl_c(e):
+        if e["kind"] == "progress" and e.get("arm") == "local" and e["step"] >= 3:
+            raise KeyboardInterrupt
+    before = set(glob.glob(str(Path(tempfile.gettempdir()) / "seamkit-dist-*")))
+    cfg = tiny(**{"seams.devices": 2, "seams.placement": "e2e=pipe:1f1b,local=stages", "train.budget_seconds": 30.0})
+    t0 = time.monotonic()
+    report = ST.seams_study(cfg, tmp_path / "seams.json", callback=ctrl_c, progress=False)
+    assert time.monotonic() - t0 < 30  # start-up, a few turns, then a stop well before the 2 x 30 s of budget
+    assert report["status"] == "interrupted"
+    assert "interrupted" in {report["arms"][a]["status"] for a in ("e2e", "local")}
+    assert set(glob.glob(str(Path(tempfile.gettempdir()) / "seamkit-dist-*"))) <= before
+
+
+def test_a_resumed_study_keeps_the_placements_it_chose(tmp_path):
+    from seamkit.seams import resume as R
+    cfg = tiny(**{"seams.devices": 2})
+    placed = {"devices": 2, "chosen": {"e2e": "dp", "local": "stages"}}
+    R.save_study(tmp_path / "s.json", cfg, [], placed)
+    assert R.saved_placement(tmp_path / "s.json") == placed
+    assert R.saved_placement(tmp_path / "none.json") is None

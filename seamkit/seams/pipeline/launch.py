@@ -191,7 +191,7 @@ def _launch_arms(cfg: RunConfig, plan, out_path: Path, rundir: Path, callback, p
     parts, backend, failure, error = {}, "gloo", None, None
     for arm in arms:
         try:
-            got = _launch_arm(arm, plan, rundir, cb, threads, timeout_s, save_state)
+            got = launch_arm(arm, plan, rundir, cb, threads, timeout_s, save_state)
         except DistError as e:
             failure, error = _failure(rundir, arm), e
             break
@@ -239,7 +239,7 @@ def _sigterm_unwinds():
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
-def _launch_arm(arm: str, plan, rundir: Path, cb, threads: int, timeout_s: float, save_state, kind: str | None = None,
+def launch_arm(arm: str, plan, rundir: Path, cb, threads: int, timeout_s: float, save_state, kind: str | None = None,
                 env: dict | None = None, tick: Callable[[list], None] | None = None) -> dict:
     """One arm on S fresh processes; returns rank 0's {"backend", "parts"}.
 

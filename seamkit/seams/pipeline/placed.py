@@ -1,7 +1,7 @@
 """One arm of the seams study on several processes (data parallel or pipeline stages).
 
 The study hands out turns to its arms (`seams.processes`), one process each. An arm placed on N
-ranks is driven from that process, its coordinator: it starts the ranks (`launch._launch_arm`),
+ranks is driven from that process, its coordinator: it starts the ranks (`launch.launch_arm`),
 relays their events to the study, and relays the turns (`seams.turns.RankTurns`): it hands the
 turn back only once every rank has paused, and leaves the go file of the next turn when the study
 gives it one. When the ranks end it builds the arm's `ArmResult` from them, joins the ranks'
@@ -27,7 +27,7 @@ from seamkit.data.load import load_corpus
 from seamkit.data.rows import epochs
 from seamkit.model import GPT
 from seamkit.seams.pipeline.assemble import arm_result, arm_wire
-from seamkit.seams.pipeline.launch import _launch_arm
+from seamkit.seams.pipeline.launch import launch_arm
 from seamkit.seams.pipeline.stage import SNAPSHOTS_ENV
 from seamkit.seams.placement import Placement, arm_config, plan_for
 from seamkit.seams.result import ArmResult
@@ -97,7 +97,7 @@ def run_placed(arm: str, cfg: RunConfig, placement: Placement, devices: int, sen
         if snapshot_dir is not None:
             env[SNAPSHOTS_ENV] = str(shares)
         relay = Relay(arm, plan.stages, turns, go, release, send, stop)
-        got = _launch_arm(arm, plan, rundir, relay.event, pcfg.train.threads, timeout_s, str(rundir / "state"),
+        got = launch_arm(arm, plan, rundir, relay.event, pcfg.train.threads, timeout_s, str(rundir / "state"),
                           kind=placement.kind, env=env, tick=relay.tick)
         ranks = got["parts"][arm]
         result = arm_result(arm, pcfg, plan, ranks, placement.kind)
