@@ -194,7 +194,11 @@ class SeamsConfig:
             raise ConfigError(f"seams.calibration must be one of {CALIBRATIONS}, got {self.calibration!r}")
         if self.pipeline_schedule not in PIPELINE_SCHEDULES + ("auto",):
             raise ConfigError(f"seams.pipeline_schedule must be auto or one of {PIPELINE_SCHEDULES}, got {self.pipeline_schedule!r}")
-        study_arms(self.arms)
+        arms = study_arms(self.arms)
+        extra = [a for a in parse_choice(self.placement) if a not in arms]
+        if extra:
+            raise ConfigError(f"seams.placement={self.placement!r} names the {extra[0]} arm, which seams.arms="
+                              f"{self.arms!r} does not run")
 
 
 def study_arms(spec: str) -> tuple[str, ...]:
@@ -209,6 +213,68 @@ def study_arms(spec: str) -> tuple[str, ...]:
         raise ConfigError(f"seams.arms={spec!r} must include e2e (the baseline every arm is compared to) and local "
                           f"(the reference report's two arms)")
     return tuple(a for a in STUDY_ARMS if a in names)  # one order everywhere: e2e, local, delayed
+
+
+# ----------------------------------------------------------------------------- placements (seams.placement)
+# Where an arm runs within the study's hardware budget (seamkit.seams.placement runs them): the
+# syntax lives here, so a config naming one that cannot exist fails when it is built.
+
+KINDS = {"e2e": ("single", "dp", "pipe"), "local": ("single", "stages"), "delayed": ("single", "stages")}
+
+
+@dataclass(frozen=True)
+class Placement:
+    kind: str  # single | dp | pipe | stages
+    schedule: str | None = None  # pipe: a key of seams.pipeline.plan.SCHEDULE_CLASSES
+    micro_batches: int = 0  # pipe: micro-batches per step (0: the schedule's default)
+
+    @property
+    def name(self) -> str:
+        return f"pipe:{self.schedule}:{self.micro_batches}" if self.kind == "pipe" else self.kind
+
+    def ranks(self, devices: int) -> int:
+        return 1 if self.kind == "single" else devices
+
+    def __str__(self) -> str:
+        return self.name
+
+
+def parse_placement(text: str) -> Placement:
+    """"single", "dp", "stages" or "pipe:SCHEDULE:M" (M optional: the schedule's default)."""
+    t = text.strip().lower()
+    if t in ("single", "dp", "stages"):
+        return Placement(t)
+    parts = t.split(":")
+    if parts[0] == "pipe" and len(parts) in (2, 3) and parts[1] in PIPELINE_SCHEDULES:
+        try:
+            m = int(parts[2]) if len(parts) == 3 else 0
+        except ValueError:
+            m = -1
+        if m >= 0:
+            return Placement("pipe", parts[1], m)
+    raise ConfigError(f"placement {text!r}: expected single, dp, stages or pipe:SCHEDULE[:M] with SCHEDULE one of "
+                      f"{', '.join(PIPELINE_SCHEDULES)}")
+
+
+def parse_choice(text: str) -> dict[str, Placement]:
+    """`seams.placement`: "best" ({}: every arm its fastest) or "e2e=P,local=Q" (an arm left out: its fastest)."""
+    if text.strip().lower() == "best":
+        return {}
+    out = {}
+    for item in text.split(","):
+        arm, eq, value = item.partition("=")
+        arm = arm.strip()
+        if not eq or arm not in KINDS:
+            raise ConfigError(f"seams.placement={text!r}: expected best or ARM=PLACEMENT pairs, e.g. e2e=dp,local=stages "
+                              f"(arms: {', '.join(KINDS)})")
+        if arm in out:
+            raise ConfigError(f"seams.placement={text!r} names the {arm} arm twice")
+        p = parse_placement(value)
+        if p.kind not in KINDS[arm]:
+            raise ConfigError(f"seams.placement: the {arm} arm runs on {', '.join(KINDS[arm])}, not {p.kind}")
+        out[arm] = p
+    return out
+
 
 
 @dataclass

@@ -20,15 +20,18 @@ speed and memory do.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
 
 import torch
 
 from seamkit.config import (
+    KINDS,
     PIPELINE_SCHEDULES,
     ConfigError,
+    Placement,
     RunConfig,
     override,
+    parse_choice,
+    parse_placement,
     study_arms,
 )
 from seamkit.seams.pipeline.plan import (
@@ -38,62 +41,10 @@ from seamkit.seams.pipeline.plan import (
 )
 from seamkit.threads import resolve_threads
 
-KINDS = {"e2e": ("single", "dp", "pipe"), "local": ("single", "stages"), "delayed": ("single", "stages")}
-
-
-@dataclass(frozen=True)
-class Placement:
-    kind: str  # single | dp | pipe | stages
-    schedule: str | None = None  # pipe: a key of seams.pipeline.plan.SCHEDULE_CLASSES
-    micro_batches: int = 0  # pipe: micro-batches per step (0: the schedule's default)
-
-    @property
-    def name(self) -> str:
-        return f"pipe:{self.schedule}:{self.micro_batches}" if self.kind == "pipe" else self.kind
-
-    def ranks(self, devices: int) -> int:
-        return 1 if self.kind == "single" else devices
-
-    def __str__(self) -> str:
-        return self.name
-
-
-def parse(text: str) -> Placement:
-    """"single", "dp", "stages" or "pipe:SCHEDULE:M" (M optional: the schedule's default)."""
-    t = text.strip().lower()
-    if t in ("single", "dp", "stages"):
-        return Placement(t)
-    parts = t.split(":")
-    if parts[0] == "pipe" and len(parts) in (2, 3) and parts[1] in PIPELINE_SCHEDULES:
-        try:
-            m = int(parts[2]) if len(parts) == 3 else 0
-        except ValueError:
-            m = -1
-        if m >= 0:
-            return Placement("pipe", parts[1], m)
-    raise ConfigError(f"placement {text!r}: expected single, dp, stages or pipe:SCHEDULE[:M] with SCHEDULE one of "
-                      f"{', '.join(PIPELINE_SCHEDULES)}")
-
-
-def parse_choice(text: str) -> dict[str, Placement]:
-    """`seams.placement`: "best" ({}: every arm its fastest) or "e2e=P,local=Q" (an arm left out: its fastest)."""
-    if text.strip().lower() == "best":
-        return {}
-    out = {}
-    for item in text.split(","):
-        arm, eq, value = item.partition("=")
-        arm = arm.strip()
-        if not eq or arm not in KINDS:
-            raise ConfigError(f"seams.placement={text!r}: expected best or ARM=PLACEMENT pairs, e.g. e2e=dp,local=stages "
-                              f"(arms: {', '.join(KINDS)})")
-        if arm in out:
-            raise ConfigError(f"seams.placement={text!r} names the {arm} arm twice")
-        p = parse(value)
-        if p.kind not in KINDS[arm]:
-            raise ConfigError(f"seams.placement: the {arm} arm runs on {', '.join(KINDS[arm])}, not {p.kind}")
-        out[arm] = p
-    return out
-
+# the placement syntax (Placement, parse_placement, parse_choice, KINDS) lives in seamkit.config,
+# which validates it when a config is built; it is part of this module's surface too
+__all__ = ["KINDS", "Placement", "arm_config", "candidates", "check", "parse_choice", "parse_placement", "plan_for",
+           "resolve_devices"]
 
 def resolve_devices(cfg: RunConfig) -> int:
     """`seams.devices` as a count: itself when > 0; auto (0): every visible GPU on CUDA, else the

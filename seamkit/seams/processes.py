@@ -47,7 +47,7 @@ from typing import Callable
 from seamkit.config import STUDY_ARMS, RunConfig, from_dict
 from seamkit.seams.arm import ARMS, run_arm
 from seamkit.seams.pipeline.placed import run_placed
-from seamkit.seams.placement import arm_config, parse
+from seamkit.seams.placement import arm_config, parse_placement
 from seamkit.seams.snapshots import Snapshots
 from seamkit.seams.turns import Turns
 
@@ -75,7 +75,7 @@ def _arm_worker(arm: str, cfg_dict: dict, ckpt: str | None, q, go, parent: int, 
         def stop():
             return _STOP.is_set() or (halt is not None and halt.is_set()) or os.getppid() != parent
         turns = Turns(arm, go, q, slice_s, cfg.data.batch * cfg.model.seq, stop)
-        where = parse(placement)
+        where = parse_placement(placement)
         if where.kind != "single":
             result = run_placed(arm, cfg, where, devices, send=q.put, go=go, release=turns.release,
                                 stop=stop, checkpoint_path=ckpt, snapshot_dir=snap_dir)
