@@ -147,12 +147,13 @@ def test_best_gives_each_arm_its_fastest_candidate(monkeypatch):
         seen["candidates"] = {a: [p.name for p in ps] for a, ps in candidates.items()}
         tps = {a: {p.name: 1.0 + i for i, p in enumerate(ps)} for a, ps in candidates.items()}
         tps["e2e"]["dp"] = 99.0
+        tps["delayed"] = {"single": 5.0}  # a committed entry may hold an arm this study does not run
         return {"tokens_per_s": tps, "seconds": 1.5, "source": "measured in this run"}
     monkeypatch.setattr(ST, "calibrate", lambda cfg, d, c, p=None: fake_measure(cfg, d, c, p))
     got = ST.choose_placements(tiny(), 2, {})
     assert got["chosen"] == {"e2e": "dp", "local": "stages"} and got["fastest_e2e"] == "dp"
     assert got["local_over_best_e2e"] == got["candidates"]["local"]["stages"] / 99.0
-    assert got["calibration_s"] == 1.5
+    assert got["calibration_s"] == 1.5 and set(got["candidates"]) == {"e2e", "local"}
     named = ST.choose_placements(tiny(**{"seams.placement": "local=single"}), 2, {"local": P.Placement("single")})
     assert named["chosen"]["local"] == "single" and named["chosen"]["e2e"] == "dp"
 

@@ -176,9 +176,9 @@ def choose_placements(cfg: RunConfig, devices: int, named: dict, progress: bool 
               "source": "named by seams.placement"}
     if len(named) < len(arms):
         speeds = calibrate(cfg, devices, cands, _say_calibrating if progress else None)
-    chosen = {a: named[a].name if a in named else fastest(speeds["tokens_per_s"][a]) for a in arms}
-    return placement_block(devices, chosen, speeds["tokens_per_s"], speeds["source"], speeds["seconds"],
-                          speeds.get("spread"))
+    tps = {a: speeds["tokens_per_s"][a] for a in arms}  # a committed entry may hold more arms than this study runs
+    chosen = {a: named[a].name if a in named else fastest(tps[a]) for a in arms}
+    return placement_block(devices, chosen, tps, speeds["source"], speeds["seconds"], speeds.get("spread"))
 
 
 def _say_calibrating(e: dict) -> None:

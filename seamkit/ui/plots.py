@@ -165,6 +165,8 @@ def seams_placement_figure(report: dict) -> go.Figure:
     pl = report["placement"]
     fig = go.Figure()
     for arm, speeds in pl["candidates"].items():
+        if arm not in pl["chosen"]:
+            continue
         names = [n for n, v in speeds.items() if v is not None]
         chosen = pl["chosen"][arm]
         fig.add_bar(x=[f"{arm} {n}" for n in names], y=[speeds[n] for n in names], name=arm,
