@@ -286,3 +286,113 @@ def test_a_resumed_study_keeps_the_placements_it_chose(tmp_path):
     R.save_study(tmp_path / "s.json", cfg, [], placed)
     assert R.saved_placement(tmp_path / "s.json") == placed
     assert R.saved_placement(tmp_path / "none.json") is None
+
+
+# ----------------------------------------------------------------------------- resuming a multi-process arm
+
+RESUME_STEPS = 12
+
+
+def steps_cfg(**over):
+    """A run set by its steps alone (no clock in its LR), with dropout, so a resume that restored
+    any RNG state but the one the ranks stopped with ends on other weights."""
+    return C.override(C.tiny(), {"train.max_steps": RESUME_STEPS, "train.budget_seconds": 0.0, "train.threads": 1,
+                                 "model.dropout": 0.1, "seams.seams": "1", **over})
+
+
+def _placed(arm, cfg, where, path, **kw):
+    from seamkit.seams.pipeline.placed import run_placed
+    return run_placed(arm, cfg, P.parse_placement(where), 2, checkpoint_path=path, **kw)
+
+
+@pytest.mark.parametrize("arm,where", [("e2e", "dp"), ("e2e", "pipe:zbv:4"), ("local", "stages"),
+                                       ("delayed", "stages")])
+def test_a_multi_process_arm_stopped_and_resumed_ends_like_one_never_stopped(arm, where, tmp_path):
+    """Stopped between steps (Ctrl-C), then resumed from its joined checkpoint: every rank goes on
+    from its own state (optimizer, data position, RNG, loop, the delayed arm's gradients in
+    flight) and the arm ends on the weights of an arm never stopped. Planted faults this catches:
+    the optimizers not restored; the kept graphs rebuilt under the RNG as it stands (dropout
+    draws other masks); the gradients the previous rank had not taken not sent again (a hang)."""
+    from seamkit.seams.resume import load_arm
+    cfg = steps_cfg()
+    whole = _placed(arm, cfg, where, tmp_path / "whole.pt", send=lambda e: None)
+    stop = []
+    part = _placed(arm, cfg, where, tmp_path / "part.pt", stop=lambda: bool(stop),
+                   send=lambda e: stop.append(1) if e["kind"] == "point" and e["step"] >= 3 else None)
+    assert part.status == "interrupted" and 0 < part.steps < RESUME_STEPS
+    points = []
+    done = _placed(arm, cfg, where, tmp_path / "part.pt", resume_from=load_arm(tmp_path / "part.pt", cfg, arm),
+                   send=lambda e: points.append(e["step"]) if e["kind"] == "point" else None)
+    assert done.status == "complete" and done.steps == RESUME_STEPS
+    assert min(points) >= part.steps - 1  # it went on (the points before the stop came from the checkpoint)
+    assert done.checkpoint.split(":")[1] == whole.checkpoint.split(":")[1]  # the same weights, bit for bit
+    assert done.loss_curve == whole.loss_curve and done.final_loss == whole.final_loss
+    assert done.wire["bytes_per_step"] == whole.wire["bytes_per_step"]  # the traffic so far went on too
+
+
+@pytest.mark.parametrize("arm,where", [("e2e", "dp"), ("delayed", "stages")])
+def test_a_killed_multi_process_arm_resumes_from_its_last_periodic_checkpoint(arm, where, tmp_path, monkeypatch):
+    """With turns and `train.checkpoint_every_s`, every rank leaves its state at one step boundary
+    and the coordinator joins them before any rank goes on; a rank SIGKILLed later leaves that
+    checkpoint (status running), from which the arm ends as one never stopped. Planted fault
+    this catches: the coordinator not joining the states at the pause (no checkpoint: one line)."""
+    import threading
+
+    from seamkit.seams.pipeline.launch import DistError
+    from seamkit.seams.resume import load_arm
+    cfg = steps_cfg(**{"train.checkpoint_every_s": 0.05, "seams.slice_seconds": 100.0})
+    go = threading.Event()
+    go.set()  # the arm holds the study's turn throughout: its pauses are for the checkpoints only
+    whole = _placed(arm, cfg, where, tmp_path / "whole.pt", send=lambda e: None, go=go)
+    monkeypatch.setenv("SEAMKIT_DIST_FAULT", "1:9:kill")
+    with pytest.raises(DistError, match="killed by SIGKILL"):
+        _placed(arm, cfg, where, tmp_path / "part.pt", send=lambda e: None, go=go)
+    monkeypatch.delenv("SEAMKIT_DIST_FAULT")
+    ck = load_arm(tmp_path / "part.pt", cfg, arm)
+    assert ck["extra"]["status"] == "running" and 0 < ck["step"] <= 9 and len(ck["extra"]["ranks"]) == 2
+    done = _placed(arm, cfg, where, tmp_path / "part.pt", send=lambda e: None, go=go, resume_from=ck)
+    assert done.status == "complete" and done.checkpoint.split(":")[1] == whole.checkpoint.split(":")[1]
+
+
+def test_a_multi_process_checkpoint_is_refused_on_another_placement(tmp_path):
+    from seamkit.seams.resume import ResumeError, load_arm
+    cfg = steps_cfg(**{"train.max_steps": 2})
+    _placed("local", cfg, "stages", tmp_path / "a.pt", send=lambda e: None)
+    with pytest.raises(ResumeError, match="on stages over 2 rank.*this study runs it on single"):
+        _placed("local", cfg, "single", tmp_path / "a.pt", send=lambda e: None,
+                resume_from=load_arm(tmp_path / "a.pt", cfg, "local"))
+
+
+def test_a_study_stopped_mid_arm_goes_on_in_its_multi_process_arms(tmp_path):
+    """Ctrl-C in a 2-device study (e2e data parallel, local on stages, taking turns), then
+    --resume: the stopped arms go on from their ranks' states and the study ends as one never
+    stopped, held-out views included (the ranks' snapshot shares outlive the stop)."""
+    steps = 40  # the stop reaches the ranks a few steps after the callback raises
+    cfg = steps_cfg(**{"seams.devices": 2, "seams.placement": "e2e=dp,local=stages", "seams.slice_seconds": 0.3,
+                       "seams.token_marks": 2, "train.max_steps": steps})
+    whole = ST.seams_study(cfg, tmp_path / "whole.json", progress=False)
+
+    def ctrl_c(e):
+        if e["kind"] == "point" and e.get("arm") == "local" and e["step"] >= 5:
+            raise KeyboardInterrupt
+    out = tmp_path / "part.json"
+    part = ST.seams_study(cfg, out, callback=ctrl_c, progress=False)
+    assert part["status"] == "interrupted"
+    assert any(0 < part["repeats"][0]["arms"][a]["steps"] < steps for a in ("e2e", "local"))
+    seen = {}
+
+    def first(e):
+        if e["kind"] == "point":
+            seen.setdefault(e["arm"], e["step"])
+    done = ST.seams_study(cfg, out, callback=first, progress=False, resume=True)
+    assert done["status"] == "complete" and done["placement"]["chosen"] == whole["placement"]["chosen"]
+    for a in ("e2e", "local"):
+        x, y = done["repeats"][0]["arms"][a], whole["repeats"][0]["arms"][a]
+        assert x["checkpoint"].split(":")[1] == y["checkpoint"].split(":")[1], a
+        assert x["loss_curve"] == y["loss_curve"] and x["final_loss"] == y["final_loss"], a
+        stopped = part["repeats"][0]["arms"][a]["steps"]
+        if 0 < stopped < steps:
+            assert seen[a] >= stopped - 1, (a, seen, stopped)  # it went on, not over again
+    rows = [(r["step"], r["e2e"]["loss"], r["local"]["loss"]) for r in done["repeats"][0]["equal_tokens"]]
+    assert rows and rows == [(r["step"], r["e2e"]["loss"], r["local"]["loss"])
+                             for r in whole["repeats"][0]["equal_tokens"]]

@@ -40,6 +40,7 @@ stopped.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections import deque
 from dataclasses import dataclass, field
@@ -182,14 +183,35 @@ def kept_forward(fn, weights: dict, args: tuple) -> tuple[torch.Tensor, dict]:
     return out, graph
 
 
-def _stash_entry(a: DelayedArm, k: int, batch: int, inp: torch.Tensor, weights: dict) -> tuple[dict, torch.Tensor]:
+def rng_of(device: torch.device) -> dict:
+    """The RNG state a forward on `device` draws from (dropout): kept with a kept graph, so the
+    graph rebuilt from a checkpoint draws the same masks."""
+    return {"cpu": torch.get_rng_state(),
+            **({"cuda": torch.cuda.get_rng_state(device)} if device.type == "cuda" else {})}
+
+
+@contextlib.contextmanager
+def under_rng(state: dict, device: torch.device):
+    """Run under `rng_of`'s `state`, leaving this process's RNG as it was (a rebuild draws nothing
+    an arm never stopped would not have drawn)."""
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        torch.set_rng_state(state["cpu"])
+        if "cuda" in state:
+            torch.cuda.set_rng_state(state["cuda"], device)
+        yield
+
+
+def _stash_entry(a: DelayedArm, k: int, batch: int, inp: torch.Tensor, weights: dict,
+                 rng: dict | None = None) -> tuple[dict, torch.Tensor]:
     """Segment k's forward of `batch` over `weights` (leaves requiring grad), its graph kept: the
-    stash entry and the output (with its graph)."""
+    stash entry and the output (with its graph). `rng`: rebuild the entry under the RNG state its
+    forward first ran with."""
     first = k == 0
-    with a.autocast():
+    drawn = rng_of(a.device) if rng is None else rng
+    with a.autocast(), (under_rng(rng, a.device) if rng is not None else contextlib.nullcontext()):
         out, graph = kept_forward(a.wrappers[k], {f"model.{n}": t for n, t in weights.items()},
                                   (inp, None) if first else (None, inp))
-    return {"batch": batch, "input": inp, "weights": weights, "out": out, "graph": graph}, out
+    return {"batch": batch, "input": inp, "weights": weights, "rng": drawn, "out": out, "graph": graph}, out
 
 
 def _accumulate(p: nn.Parameter, g: torch.Tensor) -> None:
@@ -322,9 +344,10 @@ def state_dict(a: DelayedArm) -> dict:
 
 def load_state_dict(a: DelayedArm, state: dict) -> None:
     """Put a checkpoint's in-flight state (`state_dict`) back into a built arm."""
-    def dev(e: dict) -> dict:
+    def dev(e: dict) -> dict:  # an RNG state stays on the CPU, where torch reads it
         return {k: (v.to(a.device) if isinstance(v, torch.Tensor) else
-                    {n: t.to(a.device) for n, t in v.items()} if isinstance(v, dict) else v) for k, v in e.items()}
+                    {n: t.to(a.device) for n, t in v.items()} if isinstance(v, dict) and k != "rng" else v)
+                for k, v in e.items()}
 
     def rebuilt(k: int, e: dict, before: dict) -> dict:
         """A kept graph again: the entry's forward run once more, on the same input and weights.
@@ -337,7 +360,8 @@ def load_state_dict(a: DelayedArm, state: dict) -> None:
             if e["batch"] in before and torch.equal(before[e["batch"]], inp):
                 inp = before[e["batch"]].detach()
             inp.requires_grad_()
-        return _stash_entry(a, k, e["batch"], inp, {n: t.requires_grad_() for n, t in e["weights"].items()})[0]
+        return _stash_entry(a, k, e["batch"], inp, {n: t.requires_grad_() for n, t in e["weights"].items()},
+                            e.get("rng"))[0]
     a.step, a.peak_kept_bytes = state["step"], state["peak_kept_bytes"]
     a.stash, before = [], {}
     for k, q in enumerate(state["stash"]):

@@ -65,8 +65,8 @@ def _arm_worker(arm: str, cfg_dict: dict, ckpt: str | None, q, go, parent: int, 
     """Body of an arm's process: SIGINT (or the parent's `halt` Event) only sets a flag, so the
     arm stops between steps and still reports (status interrupted) and checkpoints what it did.
     `resume`: continue from `ckpt` when it exists (with its slices and snapshots so far).
-    `placement` other than single: this process coordinates the arm's ranks (`pipeline.placed`);
-    such an arm that stopped early starts again on resume."""
+    `placement` other than single: this process coordinates the arm's ranks (`pipeline.placed`),
+    which go on from their states in `ckpt` on resume."""
     signal.signal(signal.SIGINT, lambda *_: _STOP.set())  # installed whatever was inherited (SIG_IGN too)
     turns = None
     try:
@@ -76,17 +76,22 @@ def _arm_worker(arm: str, cfg_dict: dict, ckpt: str | None, q, go, parent: int, 
             return _STOP.is_set() or (halt is not None and halt.is_set()) or os.getppid() != parent
         turns = Turns(arm, go, q, slice_s, cfg.data.batch * cfg.model.seq, stop)
         where = parse_placement(placement)
-        if where.kind != "single":
-            result = run_placed(arm, cfg, where, devices, send=q.put, go=go, release=turns.release,
-                                stop=stop, checkpoint_path=ckpt, snapshot_dir=snap_dir)
-            q.put({"kind": "_result", "arm": arm, "result": result})
-            return
-        cfg = arm_config(cfg, where, devices)  # its threads: train.threads, else the budget's cores
-        snaps = Snapshots(snap_dir, snap_keep) if snap_dir else None
         resume_from = None
         if resume and ckpt and Path(ckpt).exists():
             from seamkit.seams.resume import load_arm
             resume_from = load_arm(ckpt, cfg, arm)
+        if where.kind != "single":
+            result = run_placed(arm, cfg, where, devices, send=q.put, go=go, release=turns.release,
+                                stop=stop, checkpoint_path=ckpt, snapshot_dir=snap_dir, resume_from=resume_from)
+            q.put({"kind": "_result", "arm": arm, "result": result})
+            return
+        cfg = arm_config(cfg, where, devices)  # its threads: train.threads, else the budget's cores
+        snaps = Snapshots(snap_dir, snap_keep) if snap_dir else None
+        if resume_from is not None:
+            if resume_from["extra"].get("ranks"):
+                from seamkit.seams.resume import ResumeError
+                raise ResumeError(f"cannot resume from {ckpt}: it holds arm {arm!r} on "
+                                  f"{resume_from['extra'].get('placement')}, this study runs it on one process")
             turns.slices = list(resume_from["extra"].get("slices") or [])
             if snaps:
                 snaps.restore(resume_from["extra"].get("snapshots"))

@@ -11,7 +11,9 @@ machine does lands on every arm alike (`seams.processes` hands the turns out).
   the message its run sends every step anyway, then each rank reports a `_paused` event and
   waits, clock paused, until the arm's coordinator leaves `go-<n>` in the turns folder (or
   `halt`, when the study stops). The coordinator hands the turn back only once every rank has
-  paused, so no rank of one arm computes during another arm's turn.
+  paused, so no rank of one arm computes during another arm's turn. A periodic checkpoint is a
+  pause too: every rank leaves its state at that boundary, and the coordinator joins the states
+  into the arm's checkpoint before it lets the ranks go on (in the same turn, unless it ended).
 
 Both record each turn's steps, seconds and tokens/s (`slices`): the study's spread of speeds.
 """
@@ -106,16 +108,20 @@ class RankTurns(_Slices):
         """Rank 0, after `steps` steps: this turn's slice is used up (a turn runs at least one step)."""
         return self.folder is not None and steps > self.steps0 and clock.elapsed() - self.t0 >= self.slice_s
 
-    def pause(self, clock: Clock, steps: int) -> None:
-        """Every rank, at the step boundary rank 0 named: hand the turn on and wait for the next."""
+    def pause(self, clock: Clock, steps: int, hand_on: bool = True, saved: bool = False) -> None:
+        """Every rank, at the step boundary rank 0 named: hand the turn on and wait for the next.
+        `saved`: every rank left its state for a checkpoint first; `hand_on=False`: a pause only
+        for the coordinator to join those states, after which the same turn goes on."""
         if self.folder is None:
             return
         with clock.paused():
-            self._record(steps, clock.elapsed())
+            if hand_on:
+                self._record(steps, clock.elapsed())
             self.n += 1
-            self.emit({"kind": "_paused", "turn": self.n, "rank": self.rank})
+            self.emit({"kind": "_paused", "turn": self.n, "rank": self.rank, "hand_on": hand_on, "saved": saved})
             self._wait(self.n)
-        self._start(clock.elapsed(), steps)
+        if hand_on:
+            self._start(clock.elapsed(), steps)
 
     def finish(self, steps: int, elapsed_s: float) -> None:
         """The rank's training has ended: its last slice, and a `_trained` event, so the

@@ -55,7 +55,7 @@ from seamkit.loop import BudgetLoop
 from seamkit.model import autocast, lm_loss
 from seamkit.optim import make_optimizer
 from seamkit.seams.arm import token_counts
-from seamkit.seams.delayed import graph_bytes, kept_forward
+from seamkit.seams.delayed import graph_bytes, kept_forward, rng_of, under_rng
 from seamkit.seams.objectives import class_map, make_aux_heads
 from seamkit.seams.pipeline.plan import WIRE_DTYPES, Plan
 from seamkit.seams.pipeline.stage import (
@@ -63,6 +63,7 @@ from seamkit.seams.pipeline.stage import (
     SLOW_S,
     RankRun,
     fault,
+    kind,
 )
 from seamkit.seams.pipeline.wire import Wire
 
@@ -138,7 +139,7 @@ class DelayedRun(RankRun):
             cmd = self._control(self.word(loop, loop.steps) if self.first else None)
             if not self.obey(loop, cmd, loop.steps):
                 break
-            if cmd == PAUSE:
+            if kind(cmd) == PAUSE:
                 continue
             step, t0 = self.begin(loop)
             values = self.step(step)
@@ -147,6 +148,7 @@ class DelayedRun(RankRun):
                 loop.fail(step)
                 break
             loop.stepped(step, t0, self.lr, values)
+        self.final_state = self.resume_state(loop)  # before the drain takes the gradients still due
         self._drain()
 
     def _drain(self) -> None:
@@ -199,6 +201,7 @@ class DelayedRun(RankRun):
             with self.compute, torch.set_grad_enabled(not late or w > 0):
                 if kept:
                     weights = {n: p.detach().clone().requires_grad_() for n, p in self.segs[k].named_parameters()}
+                    rng = rng_of(self.device)
                     out, graph = kept_forward(self.segs[k], weights, (x_BT if k == 0 else h_in,))
                 else:
                     out = self.segs[k](x_BT if k == 0 else h_in)
@@ -221,7 +224,8 @@ class DelayedRun(RankRun):
                     elif loss is not None:  # the aux gradient of batch t, now; it stays in the segment
                         (w * loss).backward()
                     entry = {"batch": t, "input": x_BT if k == 0 else h_in, "weights": None}
-                    self.stash[k].append(entry | ({"weights": weights, "out": out, "graph": graph} if kept else {}))
+                    self.stash[k].append(entry | ({"weights": weights, "rng": rng, "out": out, "graph": graph}
+                                                  if kept else {}))
                 else:
                     now[k] = (h_in, out, loss)
             inp = out
@@ -312,7 +316,58 @@ class DelayedRun(RankRun):
             "peak_kept_bytes": self.peak_kept_bytes, "gradients_received": self.grads_received,
             "gradients_drained": self.grads_drained}}
 
-    def state(self) -> dict:
-        """The rank's weights and its aux heads by segment index (one process's `heads[k]`)."""
-        return super().state() | {"heads": {v: {k: t.detach().cpu() for k, t in h.state_dict().items()}
-                                            for v, h in self.heads.items()}}
+    # -- the state in flight, for a checkpoint
+
+    def opts(self) -> list:
+        return [o for o in (self.opt, self.head_opt) if o is not None]
+
+    def more_state(self) -> dict:
+        """The aux heads by segment index (one process's `heads[k]`), and what is in flight at this
+        step boundary: the stash (a kept graph rides as its input and weights), the inboxes, and
+        the gradients sent to the previous rank that it has not taken yet (the last d steps' sends:
+        the previous rank takes each d steps after it was sent, so on resume they are sent again)."""
+        def cpu(e: dict) -> dict:
+            return {k: (v.detach().cpu() if isinstance(v, torch.Tensor) else
+                        {n: t.detach().cpu() for n, t in v.items()} if isinstance(v, dict) else v)
+                    for k, v in e.items() if k not in ("out", "graph")}
+        return {"heads": {v: {k: t.detach().cpu() for k, t in h.state_dict().items()} for v, h in self.heads.items()},
+                "stash": {v: [cpu(e) for e in q] for v, q in self.stash.items()},
+                "inbox": {v: [cpu(e) for e in q] for v, q in self.inbox.items()},
+                "untaken": [t.cpu() for group in [*self.gwire.inflight, self.gwire.group] for _, t in group],
+                "counts": {"grads_received": self.grads_received, "grads_drained": self.grads_drained,
+                           "peak_kept_bytes": self.peak_kept_bytes}}
+
+    def restore_more(self, state: dict) -> None:
+        """`more_state` back: a kept graph is the entry's forward run again over its input and
+        stashed weights (bit for bit the one it replaces); its input is the rebuilt output of the
+        segment before on this rank where that is kept for the same batch, sharing its bytes as in
+        an arm never stopped. The untaken gradients go out again, counted once (when first sent)."""
+        dev = self.device
+        for v, h in self.heads.items():
+            h.load_state_dict(state["heads"][v])
+        before = {}
+        for v in self.mine:
+            q = deque()
+            for e in state["stash"][v]:
+                e = {k: (x.to(dev) if isinstance(x, torch.Tensor) else  # an RNG state stays on the CPU
+                         {n: t.to(dev) for n, t in x.items()} if isinstance(x, dict) and k != "rng" else x)
+                     for k, x in e.items()}
+                if e["weights"] is not None:
+                    inp = e["input"]
+                    if v > 0:
+                        prev = before.get(e["batch"])
+                        inp = prev.detach() if prev is not None and torch.equal(prev, inp) else inp
+                        inp.requires_grad_()
+                    weights = {n: t.requires_grad_() for n, t in e["weights"].items()}
+                    with under_rng(e["rng"], dev):  # the masks its forward drew (dropout)
+                        out, graph = kept_forward(self.segs[v], weights, (inp,))
+                    e |= {"input": inp, "weights": weights, "out": out, "graph": graph}
+                q.append(e)
+            self.stash[v] = q
+            before = {e["batch"]: e["out"] for e in q if "out" in e}
+            self.inbox[v] = deque({k: (x.to(dev) if isinstance(x, torch.Tensor) else x) for k, x in e.items()}
+                                  for e in state["inbox"][v])
+        counts = state["counts"]
+        self.grads_received, self.grads_drained, self.peak_kept_bytes = (
+            counts["grads_received"], counts["grads_drained"], counts["peak_kept_bytes"])
+        self.gwire.resend([t.to(dev) for t in state["untaken"]], self.rank - 1, "gradient")

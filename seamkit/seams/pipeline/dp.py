@@ -70,6 +70,7 @@ class DPRun(RankRun):
         self.param_bytes = sum(p.numel() * p.element_size() for p in self.seg.parameters() if p.requires_grad)
         self.ar_bytes = self.ar_calls = 0
         self.ar_spans: list = []  # (start, end) marks of every bucket's all-reduce
+        self.ar_s0 = 0.0  # all-reduce seconds before a resume
 
     # -- the gradient all-reduce, measured
 
@@ -99,10 +100,18 @@ class DPRun(RankRun):
         return fut.then(done)
 
     def _allreduce_seconds(self) -> float:
+        """Seconds of all-reduce so far (a resumed rank's from before it stopped included)."""
         if self.device.type != "cuda":
-            return sum(end - start for start, end in self.ar_spans)
+            return self.ar_s0 + sum(end - start for start, end in self.ar_spans)
         torch.cuda.synchronize(self.device)
-        return sum(start.elapsed_time(end) for start, end in self.ar_spans) / 1000
+        return self.ar_s0 + sum(start.elapsed_time(end) for start, end in self.ar_spans) / 1000
+
+    def more_state(self) -> dict:
+        return {"allreduce": {"bytes": self.ar_bytes, "calls": self.ar_calls, "seconds": self._allreduce_seconds()}}
+
+    def restore_more(self, state: dict) -> None:
+        ar = state["allreduce"]
+        self.ar_bytes, self.ar_calls, self.ar_s0 = ar["bytes"], ar["calls"], ar["seconds"]
 
     # -- the loop
 

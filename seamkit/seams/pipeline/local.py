@@ -53,6 +53,7 @@ from seamkit.seams.pipeline.stage import (
     SLOW_S,
     RankRun,
     fault,
+    kind,
 )
 
 
@@ -113,7 +114,7 @@ class LocalRun(RankRun):
         if not self.last and not self.told_stop:
             self.wire.send(torch.tensor([cmd], dtype=torch.long, device=self.device), self.rank + 1, "control",
                            boundary=self.seam_out)
-            self.told_stop = cmd not in (GO, PAUSE)
+            self.told_stop = kind(cmd) not in (GO, PAUSE)
 
     # -- the loop
 
@@ -122,10 +123,10 @@ class LocalRun(RankRun):
         while True:
             cmd = self.word(loop, loop.steps, failed or self.faults.check([key])) if self.first else None
             cmd = self._control(cmd)
-            self._pass_on(FAILED if failed and cmd == GO else cmd)
+            self._pass_on(FAILED if failed and kind(cmd) == GO else cmd)
             if not self.obey(loop, cmd, loop.steps):
                 break
-            if cmd == PAUSE:
+            if kind(cmd) == PAUSE:
                 continue
             if failed:  # take what upstream still sends, until it stops
                 self.wire.recv(self.h_shape, self.rank - 1, "activation", boundary=self.seam_in)
@@ -193,7 +194,13 @@ class LocalRun(RankRun):
             return lm_loss(self.heads[v](h_BTC, self.segs[v].ctx), self.classes[y_BT])
         return lm_loss(self.heads[v](h_BTC), y_BT)  # own_head: the next tokens over the vocabulary
 
-    def state(self) -> dict:
-        """The rank's weights and its private modules by segment index (one process's `heads[k]`)."""
-        return super().state() | {"heads": {v: {k: t.detach().cpu() for k, t in h.state_dict().items()}
-                                            for v, h in self.heads.items()}}
+    def opts(self) -> list:
+        return [o for o in (self.opt, self.head_opt) if o is not None]
+
+    def more_state(self) -> dict:
+        """Its private modules by segment index (one process's `heads[k]`)."""
+        return {"heads": {v: {k: t.detach().cpu() for k, t in h.state_dict().items()} for v, h in self.heads.items()}}
+
+    def restore_more(self, state: dict) -> None:
+        for v, h in self.heads.items():
+            h.load_state_dict(state["heads"][v])

@@ -14,12 +14,15 @@ import math
 import os
 import signal
 import time
+from pathlib import Path
 from typing import Callable
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from seamkit import checkpoint
+from seamkit.checkpoint import atomic_torch_save
 from seamkit.config import RunConfig
 from seamkit.data.rows import RowLoader
 from seamkit.loop import BudgetLoop, Clock, held_out, mean_and_stderr
@@ -32,9 +35,17 @@ from seamkit.seams.snapshots import Snapshots
 from seamkit.seams.turns import RankTurns
 
 SNAPSHOTS_ENV = "SEAMKIT_SNAPSHOTS"  # a folder: every rank keeps its share of the weights on the study's grid
+SAVES_ENV = "SEAMKIT_SAVES"  # a folder: every rank leaves its state there at rank 0's SAVE (periodic checkpoints)
+RESUME_ENV = "SEAMKIT_RESUME"  # a folder: every rank starts from its state `{arm}-rank{r}.pt` there
 # rank 0's word for each step, on every multi-process run (sent down with the activations, or
 # summed in an all_reduce where the other ranks add 0: GO must be 0)
 GO, STOP, INTERRUPT, PAUSE, FAILED = 0, 1, 2, 3, 4
+SAVE = 8  # added to GO or PAUSE: every rank leaves its state at this step boundary first
+
+
+def kind(word: int) -> int:
+    """The word without its SAVE flag."""
+    return word & ~SAVE
 SLOW_S = 0.2  # the "slow" fault: this much extra compute per step
 WHERE = {"arm": None, "step": None}  # what this rank is doing, for its error file if it raises
 
@@ -117,7 +128,9 @@ def stop_requested() -> bool:
 class RankRun:
     """One arm on one rank. Subclasses set self.segs (this rank's Segments, by virtual index in
     self.owner) and implement `loop(loop: BudgetLoop)`: `begin`, the step, `update`, then
-    `loop.stepped`, until rank 0 finds `loop.spent()`."""
+    `loop.stepped`, until rank 0 finds `loop.spent()`. `resume_state` is the rank's whole state at
+    a step boundary (subclasses add theirs in `more_state`/`restore_more`): what a checkpoint keeps
+    of it and a resumed rank starts from (RESUME_ENV)."""
 
     arm = ""
 
@@ -153,6 +166,14 @@ class RankRun:
         snaps = os.environ.get(SNAPSHOTS_ENV)
         self.snaps = Snapshots(snaps, 8 * cfg.seams.token_marks) if snaps else None
         self.clock = None
+        # periodic checkpoints: only between turns' pauses of a study, where the coordinator joins them
+        saves = os.environ.get(SAVES_ENV)
+        self.saves = Path(saves) if saves and cfg.train.checkpoint_every_s > 0 and self.turns.folder else None
+        self.next_save = cfg.train.checkpoint_every_s
+        self.final_state = None  # the state the loop ended in (`resume_state`), kept by `train`
+        resume = os.environ.get(RESUME_ENV)
+        self.resume_from = torch.load(Path(resume) / f"{self.arm}-rank{rank}.pt", map_location="cpu",
+                                      weights_only=True) if resume else None
 
     # -- the loop's bookkeeping: the same BudgetLoop one process drives
 
@@ -167,16 +188,23 @@ class RankRun:
                        "segments": [list(range(self.cfg.model.n_blocks))] if self.arm == "e2e" else self.plan.segs,
                        "objective": arm_objective(self.arm, self.cfg)})
         memory = Baseline.start(self.device)
+        self.extra = {"wire_steps": 0, "failed_here": False}
+        state = self.resume_from
+        if state is not None:
+            self.restore(state)
         dist.barrier()
         self.turns.first()
         clock = self.clock = Clock(sync)
-        self.turns._start(0.0, 0)
         loop = BudgetLoop(tc, per_step, clock, self.emit if holds_curve else None,
-                          after_step=self._snapshot if self.snaps is not None else None)
+                          after_step=self._snapshot if self.snaps is not None else None,
+                          resume=state["loop"] if state is not None else None)
+        self.next_save = loop.run["elapsed_s"] + tc.checkpoint_every_s
+        self.turns._start(clock.elapsed(), loop.steps)
         self.lr = None
         WHERE["arm"] = self.arm
-        self.extra = {"wire_steps": 0, "failed_here": False}
         self.loop(loop)
+        if self.final_state is None:
+            self.final_state = self.resume_state(loop)
         self.wire.commit(0)
         # the clock and both timers read at one point: evaluation below waits on the wire too, and
         # its waits would otherwise count against a span that ended before them
@@ -208,15 +236,25 @@ class RankRun:
 
     def word(self, loop: BudgetLoop, steps: int, failed: bool = False) -> int:
         """Rank 0's word for the step boundary after `steps` steps: Ctrl-C, a failed stage, the
-        budget or max_steps spent, the study's turn used up (it runs at least one step), else go on."""
-        return (INTERRUPT if stop_requested() else FAILED if failed else STOP if loop.spent(steps)
+        budget or max_steps spent, the study's turn used up (it runs at least one step), else go
+        on; plus SAVE where a periodic checkpoint is due (`train.checkpoint_every_s` training seconds)."""
+        word = (INTERRUPT if stop_requested() else FAILED if failed else STOP if loop.spent(steps)
                 else PAUSE if self.turns.due(self.clock, steps) else GO)
+        if word in (GO, PAUSE) and self.saves is not None and steps > 0 and self.clock.elapsed() >= self.next_save:
+            word |= SAVE
+        return word
 
     def obey(self, loop: BudgetLoop, word: int, steps: int) -> bool:
-        """Every rank, at the step boundary rank 0's `word` is for: hand the turn on (PAUSE), or
-        end the loop (STOP, INTERRUPT, FAILED). True: the loop goes on."""
-        if word == PAUSE:  # every rank after the same step (seams.turns)
-            self.turns.pause(self.clock, steps)
+        """Every rank, at the step boundary rank 0's `word` is for: leave its state (SAVE) and wait
+        while the coordinator joins the ranks' into the checkpoint, hand the turn on (PAUSE), or end
+        the loop (STOP, INTERRUPT, FAILED). True: the loop goes on."""
+        save, word = bool(word & SAVE), kind(word)
+        if save and word in (GO, PAUSE):
+            with self.clock.paused():
+                self._save(loop, steps)
+            self.next_save = self.clock.elapsed() + self.cfg.train.checkpoint_every_s
+        if word == PAUSE or save:  # every rank after the same step (seams.turns)
+            self.turns.pause(self.clock, steps, hand_on=word == PAUSE, saved=save)
         elif word == INTERRUPT:
             loop.interrupt()
         elif word == FAILED:
@@ -286,5 +324,55 @@ class RankRun:
             "snapshots": self.snaps.kept if self.snaps is not None else None,
         }
 
+    # -- the rank's state: what a checkpoint keeps of it, so a resumed arm goes on where it was
+
+    def opts(self) -> list:
+        """This rank's optimizers, in a fixed order (subclasses: the GPT's share, then the heads')."""
+        return [self.opt]
+
+    def resume_state(self, loop: BudgetLoop) -> dict:
+        """Everything this rank needs to go on after `loop.steps` steps as if never stopped (tensors
+        on the CPU, plain data otherwise): its weights and optimizers, the data position, RNG, the
+        budget loop, the traffic and timers so far, its turns' slices and snapshots."""
+        return {"stage": self.weights(), "optimizers": [o.state_dict() for o in self.opts()],
+                "data": self.loader.state_dict(), "rng": checkpoint.rng_state(), "loop": loop.state(),
+                "extra": dict(self.extra), "compute_s": self.compute.s, "wait_s": self.wait.s,
+                "traffic": {"bytes": list(self.tally.bytes.items()), "msgs": list(self.tally.msgs.items())},
+                "slices": list(self.turns.slices), "snapshots": self.snaps.state() if self.snaps is not None else None,
+                **self.more_state()}
+
+    def more_state(self) -> dict:
+        """A subclass's own part of `resume_state` (restored by `restore_more`)."""
+        return {}
+
+    def restore(self, state: dict) -> None:
+        """Put a `resume_state` back into this freshly built rank."""
+        for s in self.segs.values():
+            s.load_state_dict({k: state["stage"][k] for k in s.state_dict()})
+        opts = self.opts()
+        if len(opts) != len(state["optimizers"]):
+            raise RuntimeError(f"the saved state of rank {self.rank} has {len(state['optimizers'])} optimizers, "
+                               f"this arm {len(opts)}")
+        for o, saved in zip(opts, state["optimizers"]):
+            o.load_state_dict(saved)
+        self.loader.load_state_dict(state["data"])
+        checkpoint.set_rng_state(state["rng"])
+        self.extra.update(state["extra"])
+        self.compute.s, self.wait.s = state["compute_s"], state["wait_s"]
+        self.tally.bytes.update(dict((tuple(k), v) for k, v in state["traffic"]["bytes"]))
+        self.tally.msgs.update(dict((tuple(k), v) for k, v in state["traffic"]["msgs"]))
+        self.turns.slices = list(state["slices"])
+        if self.snaps is not None:
+            self.snaps.restore(state["snapshots"])
+        self.restore_more(state)
+
+    def restore_more(self, state: dict) -> None:
+        pass
+
+    def _save(self, loop: BudgetLoop, steps: int) -> None:
+        """Rank 0's SAVE: this rank's state after `steps` steps, written atomically for the coordinator."""
+        atomic_torch_save(self.resume_state(loop), self.saves / f"{self.arm}-rank{self.rank}.pt")
+
     def state(self) -> dict:
-        return {"stage": self.weights()}
+        """What the launcher saves when the arm ends: the state its loop ended in."""
+        return self.final_state

@@ -95,6 +95,11 @@ class Wire:
         self.group.append((dist.isend(t, dst, tag=TAGS[kind]), t))
         self.tally.add("sent", kind, min(self.rank, dst) if boundary is None else boundary, t)
 
+    def resend(self, ts: list[torch.Tensor], dst: int, kind: str) -> None:
+        """Sends a stopped run had in flight (counted when first sent): one group each, in order."""
+        for t in ts:
+            self.inflight.append([(dist.isend(t.contiguous(), dst, tag=TAGS[kind]), t)])
+
     def commit(self, keep: int = 0) -> None:
         if self.group:
             self.inflight.append(self.group)
