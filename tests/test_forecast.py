@@ -37,6 +37,7 @@ from seamkit.forecast import costs as costs_module
 from seamkit.forecast import validate as validate_forecast
 from seamkit.forecast.candidates import needed
 from seamkit.forecast.costs import COSTS_KIND, PARTS, CostError, entry_key
+from seamkit.forecast.replay import p2p_ops, with_runtime
 from seamkit.seams.pipeline.plan import placement
 
 FREE = Link(0.0, 1e300, name="free")
@@ -225,6 +226,9 @@ def test_measured_costs_have_every_part_positive(tmp_path):
         if "aux_s" in e:
             assert (e["aux_s"] > 0) != last and e["local_backward_s"] > 0
     assert all(v > 0 for v in table["optimizer_s"].values()) and table["aux_optimizer_s"] > 0
+    rt = table["runtime"]  # measured: two spawned gloo processes
+    assert table["backward_split"] == "torch" and rt["action_s"] >= 0 and rt["p2p_op_s"] > 0 and rt["how"]
+    assert rt["rows"] == min(r for s, r in need["segments"] if not s.startswith("whole"))
     save_costs(tmp_path / "c.json", table)
     assert load_costs(tmp_path / "c.json") == json.loads(json.dumps(table))
 
@@ -363,8 +367,8 @@ def test_figures_draw_the_report():
 
 def test_max_rows_scales_each_entry_linearly_in_rows():
     cfg = preset("tiny")
-    full = measure_costs(cfg, [1, 2], repeats=1)
-    capped = measure_costs(cfg, [1, 2], repeats=1, max_rows=1)
+    full = measure_costs(cfg, [1, 2], repeats=1, runtime=False)
+    capped = measure_costs(cfg, [1, 2], repeats=1, max_rows=1, runtime=False)
     assert capped["row_scaling"] and full["row_scaling"] is None
     for key, e in capped["segments"].items():
         rows = int(key.split("@")[1])
@@ -432,7 +436,7 @@ def test_measure_costs_times_single_with_the_threads_its_process_runs(monkeypatc
         return measure(model, cfg, seg, rows, *args, **kwargs)
     monkeypatch.setattr(costs_module, "_measure_segment", recording)
     monkeypatch.setattr(costs_module, "usable_cores", lambda: 2)  # N=4's 4 threads: more than the cores
-    table = measure_costs(cfg, [1, 2, 4], repeats=1)
+    table = measure_costs(cfg, [1, 2, 4], repeats=1, runtime=False)
     need = needed(cfg, [1, 2, 4], threads=1)
     want2 = {entry_key(s, r) for s, r in need["by_threads"][2]["segments"] | need["by_threads"][2]["local"]}
     assert table["threads"] == 1 and set(table["by_threads"]) == {"2"} and table["by_threads_unmeasured"] == [4]
@@ -442,3 +446,72 @@ def test_measure_costs_times_single_with_the_threads_its_process_runs(monkeypatc
     rep = forecast(cfg, [1, 2, 4], costs=table, link=FREE, cores=8)
     assert rep["by_devices"]["2"]["e2e"]["candidates"]["single"]["forecast"]
     assert "4 threads" in rep["by_devices"]["4"]["e2e"]["candidates"]["single"]["reason"]
+
+
+# ----------------------------------------------------------------------------- the runtime's overhead
+
+def _action(kind, stage: int, mb: int):
+    return schedules._Action(stage, kind, mb)
+
+
+def test_runtime_overhead_adds_each_action_and_each_p2p_op_exactly():
+    F, B, W = schedules._ComputationType.FORWARD, schedules._ComputationType.FULL_BACKWARD, \
+        schedules._ComputationType.BACKWARD_WEIGHT
+    c, a, p, msg = Fraction(3), Fraction(1, 7), Fraction(1, 11), Fraction(1, 5)
+    # one rank, two stages: nothing crosses, so every action pays a and no op
+    one = {0: [_action(F, 0, 0), _action(F, 1, 0), _action(B, 1, 0), _action(B, 0, 0)]}
+    base = replay(one, [0, 0], lambda x: c, lambda v: msg)
+    plus = replay(one, [0, 0], with_runtime(lambda x: c, [0, 0], a, p), lambda v: msg)
+    assert plus.makespan_s - base.makespan_s == 4 * a
+    assert [p2p_ops(x, [0, 0]) for x in one[0]] == [0, 0, 0, 0]
+    # two ranks, one micro-batch, a chain: each of the 4 actions sends or receives once across the
+    # boundary (F0 sends, F1 receives, B1 sends, B0 receives), W issues nothing
+    two = {0: [_action(F, 0, 0), _action(B, 0, 0)], 1: [_action(F, 1, 0), _action(B, 1, 0), _action(W, 1, 0)]}
+    owner = [0, 1]
+    assert [p2p_ops(x, owner) for r in (0, 1) for x in two[r]] == [1, 1, 1, 1, 0]
+    base = replay(two, owner, lambda x: c, lambda v: msg)
+    plus = replay(two, owner, with_runtime(lambda x: c, owner, a, p), lambda v: msg)
+    assert base.makespan_s == 4 * c + 2 * msg  # W(1) runs beside B(0): off the critical path
+    assert plus.makespan_s - base.makespan_s == 4 * a + 4 * p
+
+
+def _with_runtime_block(table: dict, action_s: float, p2p_op_s: float) -> dict:
+    t = json.loads(json.dumps(table))
+    t["runtime"] = {"action_s": action_s, "p2p_op_s": p2p_op_s, "how": "hand-made"}
+    return t
+
+
+def test_zero_runtime_reproduces_a_table_without_one_and_only_pipes_pay_it():
+    cfg = preset("tiny")
+    old = fake_costs(cfg, [1, 2])  # version 1: no runtime block, read as zeros
+    assert costs_module.runtime_of(old)["action_s"] == 0 and "absent" in costs_module.runtime_of(old)["how"]
+    a = forecast(cfg, [1, 2], costs=old, link=FREE)
+    z = forecast(cfg, [1, 2], costs=_with_runtime_block(old, 0.0, 0.0), link=FREE)
+    o = forecast(cfg, [1, 2], costs=_with_runtime_block(old, 1e-3, 1e-4), link=FREE)
+    for arm in ("e2e", "local"):
+        for name, ca in a["by_devices"]["2"][arm]["candidates"].items():
+            cz, co = z["by_devices"]["2"][arm]["candidates"][name], o["by_devices"]["2"][arm]["candidates"][name]
+            if not ca["forecast"]:
+                continue
+            assert cz["step_s"] == ca["step_s"], name
+            if name.startswith("pipe:"):
+                assert co["step_s"] > ca["step_s"] and co["runtime"] == {"action_s": 1e-3, "p2p_op_s": 1e-4}, name
+            else:  # single, dp and the local arm do not run torch's pipelining runtime
+                assert co["step_s"] == ca["step_s"], name
+    assert o["costs"]["runtime"]["how"] == "hand-made" and "absent" in a["costs"]["runtime"]["how"]
+
+
+def test_committed_tables_without_the_runtime_block_still_load(tmp_path):
+    root = os.path.join(os.path.dirname(__file__), os.pardir, "bench", "results")
+    for name in ("forecast.json", "forecast_seed_scale.json"):
+        table = load_costs(os.path.join(root, name))  # a forecast output carries its table
+        assert costs_module.runtime_of(table)["p2p_op_s"] == 0
+    bad = _with_runtime_block(fake_costs(preset("tiny"), [1, 2]), 1e-4, -1.0)
+    (tmp_path / "bad.json").write_text(json.dumps(bad))
+    with pytest.raises(CostError, match="runtime.p2p_op_s missing or not a number >= 0") as e:
+        load_costs(tmp_path / "bad.json")
+    assert len(str(e.value).splitlines()) == 1
+    del bad["runtime"]["action_s"]
+    (tmp_path / "bad.json").write_text(json.dumps(bad))
+    with pytest.raises(CostError, match="runtime.action_s missing"):
+        load_costs(tmp_path / "bad.json")

@@ -3,16 +3,19 @@
 For every (segment shape, rows) a placement needs (`candidates.needed`), on a `Segment` cut
 from a GPT of the run's config exactly as a pipeline rank cuts it:
 - forward_s: the segment's forward (the last one's LM loss included, as torch's F action does);
-- backward_input_s: `torch.autograd.grad` of the output w.r.t. the segment input only (the I
-  action of the zero-bubble schedules); 0 on the first segment, whose input is tokens;
 - backward_s: the gradient w.r.t. input and weights at once (the B action);
-- backward_weight_s: backward_s - backward_input_s, what is left for the W action, which runs
-  from the intermediates I saved;
+- backward_input_s, backward_weight_s: the I and W actions of the zero-bubble schedules, timed
+  through the functions torch's stage runs for them (`stage_backward_input`, which walks the
+  graph for the weights' parameter groups and keeps their intermediates, then
+  `stage_backward_weight`, one autograd pass per group from those intermediates); on the first
+  segment, whose input is tokens, I is 0 and W is the whole backward, as the runtime does it.
+  Together they cost more than B: the split re-enters autograd once per group;
 - local rows also get aux_s (an AuxHead's forward, loss and backward on the segment output) and
   local_backward_s (the weights' gradient with the input detached, as the local arm runs it).
 Each figure is the median of `repeats` timed runs after one untimed one; FLOPs of every part
 are counted beside it with `seamkit.costs.count_flops`. Optimizer steps (fused AdamW) are timed
-per segment shape and per aux head. The table is JSON, labelled with the machine, the device,
+per segment shape and per aux head. `runtime` holds what torch's pipelining runtime costs beyond
+that compute (`measure_runtime`: a per-action overhead and a per-P2P-op cost). The table is JSON, labelled with the machine, the device,
 the threads and the torch version it was measured with (`save_costs`, `load_costs`).
 
 Threads (CPU). `segments`, `optimizer_s` and `aux_optimizer_s` are measured with `threads`, a
@@ -35,10 +38,15 @@ import time
 from pathlib import Path
 
 import torch
+from torch.distributed.pipelining._backward import (
+    stage_backward_input,
+    stage_backward_weight,
+)
 
 from seamkit.config import RunConfig, SeamkitError
 from seamkit.costs import count_flops
 from seamkit.forecast.candidates import needed
+from seamkit.forecast.runtime import NOT_MEASURED, measure_runtime
 from seamkit.model import GPT, lm_loss, param_dtype, resolve_device
 from seamkit.optim import make_optimizer
 from seamkit.report import machine, write_json
@@ -47,9 +55,10 @@ from seamkit.seams.pipeline.plan import WIRE_DTYPES
 from seamkit.seams.pipeline.stage import Segment
 
 COSTS_KIND = "seamkit-forecast-costs"
-COSTS_VERSION = 1
+COSTS_VERSION = 2  # 2: I and W timed through torch's own split; the runtime block
 PARTS = ("forward_s", "backward_s", "backward_input_s", "backward_weight_s")
 LOCAL_PARTS = ("aux_s", "local_backward_s")
+RUNTIME_PARTS = ("action_s", "p2p_op_s")  # runtime.py: seconds a compute action, a P2P op
 
 
 class CostError(SeamkitError):
@@ -121,11 +130,25 @@ def _measure_segment(model: GPT, cfg: RunConfig, seg: str, full_rows: int, local
             loss = lm_loss(head(hh + 0), c)
             return torch.autograd.grad(loss, [hh] + list(head.parameters()))
 
+    def split(inp, root, grad):
+        """torch's I then W, as the stage runs them; each's seconds."""
+        t_i, (_, groups) = clock(lambda: stage_backward_input([root], None if last else [grad], [inp], iter(params)))
+        t_w = clock(lambda: stage_backward_weight(iter(params), groups))[0]
+        for p in params:
+            p.grad = None  # stage_backward_weight accumulates into .grad
+        return t_i, t_w
+
+    times["backward_weight_s"] = []
     for i in range(repeats + 1):  # the first run warms up and is not kept
         t_f, (inp, root, grad) = clock(lambda: fresh())
-        t_i = 0.0 if first else clock(lambda: grads(root, grad, [inp], retain=True))[0]
+        if first:
+            t_i, t_w = 0.0, None  # W is the whole backward, B's time
+        else:
+            t_i, t_w = split(inp, root, grad)
+            inp, root, grad = fresh()
         t_b = clock(lambda: grads(root, grad, ([] if first else [inp]) + params))[0]
-        sample = {"forward_s": t_f, "backward_input_s": t_i, "backward_s": t_b}
+        sample = {"forward_s": t_f, "backward_input_s": t_i, "backward_s": t_b,
+                  "backward_weight_s": t_b if t_w is None else t_w}
         if local:
             _, root_d, grad_d = fresh(detached=True)
             sample["local_backward_s"] = clock(lambda: grads(root_d, grad_d, params))[0]
@@ -134,7 +157,6 @@ def _measure_segment(model: GPT, cfg: RunConfig, seg: str, full_rows: int, local
             for k, v in sample.items():
                 times[k].append(v)
     out = {k: statistics.median(v) for k, v in times.items()}
-    out["backward_weight_s"] = max(out["backward_s"] - out["backward_input_s"], 0.0)  # of the medians: less noise
 
     # FLOPs of the same parts, counted on a fresh graph each
     flops = {}
@@ -192,14 +214,16 @@ def usable_cores() -> int:
 
 
 def measure_costs(cfg: RunConfig, devices: list[int], repeats: int = 3, threads: int | None = None,
-                  max_rows: int | None = None) -> dict:
+                  max_rows: int | None = None, runtime: bool = True) -> dict:
     """The cost table for every placement of `cfg` at these device counts, measured now on
     cfg.train.device. CPU: `threads` torch threads a rank (default: train.threads, else 1, one
     rank's share), and what a process of more threads needs (the `single` candidate at N runs
     `candidates.single_threads`) measured again with those threads into `by_threads`, for each
     count up to the usable cores; a count above them is left out (`by_threads_unmeasured`) and
     the candidate that needs it is not forecast.
-    max_rows: time at most this many rows an entry and scale linearly (module docstring)."""
+    max_rows: time at most this many rows an entry and scale linearly (module docstring).
+    runtime: measure the pipelining runtime's overhead (`runtime.measure_runtime`, two spawned
+    processes, seconds) at the smallest rows a pipe candidate runs; False stores zeros, said so."""
     if max_rows is not None and (isinstance(max_rows, bool) or not isinstance(max_rows, int) or max_rows < 1):
         raise CostError(f"max_rows must be a whole number >= 1 (or None: every entry at its own rows), got {max_rows!r}")
     device = resolve_device(cfg.train.device)
@@ -225,6 +249,13 @@ def measure_costs(cfg: RunConfig, devices: list[int], repeats: int = 3, threads:
                                                 max_rows)
     finally:
         torch.set_num_threads(before)
+    pipe_rows = sorted(rows for seg, rows in need["segments"] if not seg.startswith("whole"))
+    if not pipe_rows:
+        rt = {**NOT_MEASURED, "how": "not measured: no pipe candidate at these devices"}
+    elif not runtime:
+        rt = {**NOT_MEASURED, "how": "not measured (measure_costs(runtime=False)): 0"}
+    else:
+        rt = measure_runtime(cfg, pipe_rows[0], repeats=max(5 * repeats, 10), threads=threads)
     return {
         "kind": COSTS_KIND, "version": COSTS_VERSION,
         "machine": machine(), "device": device.type,
@@ -238,6 +269,7 @@ def measure_costs(cfg: RunConfig, devices: list[int], repeats: int = 3, threads:
         "grad_bytes": sum(p.numel() * p.element_size() for p in model.parameters()),
         "n_tensors": len(list(model.parameters())),
         **base, "by_threads": by_threads, "by_threads_unmeasured": unmeasured,
+        "backward_split": "torch", "runtime": rt,
     }
 
 
@@ -249,8 +281,9 @@ def save_costs(path, table: dict) -> Path:
 
 
 def load_costs(path) -> dict:
-    """A cost table from JSON (or the one a forecast report holds); CostError (one line) if it is
-    missing, unreadable or malformed."""
+    """A cost table from JSON (or the one a forecast report, or bench/forecast.py's output, holds);
+    CostError (one line) if it is missing, unreadable or malformed. A table of version 1 (no
+    `runtime`, I and W as B - I) is read as it is: `runtime_of` gives it zeros."""
     path = Path(path)
     try:
         table = json.loads(path.read_text())
@@ -258,6 +291,8 @@ def load_costs(path) -> dict:
         raise CostError(f"cost table {path} does not exist") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise CostError(f"cost table {path} is not readable JSON ({e})") from None
+    if isinstance(table, dict) and isinstance(table.get("forecast"), dict):
+        table = table["forecast"]  # bench/forecast.py's output carries the forecast it made
     if isinstance(table, dict) and isinstance(table.get("cost_table"), dict):
         table = table["cost_table"]  # a forecast report carries the table it used
     check_costs(table, f"cost table {path}")
@@ -272,6 +307,12 @@ def check_costs(table, where: str = "cost table") -> None:
         if not isinstance(table.get(key), typ):
             raise CostError(f"{where}: {key} missing or of the wrong type")
     _check_entries(table["segments"], f"{where}: segments")
+    rt = table.get("runtime")
+    if rt is not None:
+        bad = [k for k in RUNTIME_PARTS if not isinstance(rt, dict) or not isinstance(rt.get(k), (int, float))
+               or isinstance(rt.get(k), bool) or rt.get(k) < 0]
+        if bad:
+            raise CostError(f"{where}: runtime.{bad[0]} missing or not a number >= 0 (seconds)")
     by = table.get("by_threads", {})
     if not isinstance(by, dict):
         raise CostError(f"{where}: by_threads is not an object of thread count -> costs")
@@ -288,6 +329,15 @@ def _check_entries(segments: dict, where: str) -> None:
             v = e.get(part) if isinstance(e, dict) else None
             if not isinstance(v, (int, float)) or isinstance(v, bool) or v < 0:
                 raise CostError(f"{where}.{name}.{part} missing or not a number >= 0")
+
+
+def runtime_of(table: dict) -> dict:
+    """The table's pipelining runtime figures; a table measured before they existed (version 1,
+    no `runtime`) reads as zeros, so it forecasts as it always did, and `how` says so."""
+    rt = table.get("runtime")
+    if rt is None:
+        return {**NOT_MEASURED, "how": f"absent from this version-{table.get('version', 1)} table: 0"}
+    return rt
 
 
 def costs_at(table: dict, threads: int | None) -> dict | None:

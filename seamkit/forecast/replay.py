@@ -20,6 +20,12 @@ ends (sends are asynchronous and never hold the rank up; no contention). Two sta
 hand over for free, as the V schedules do. Makespan, busy time per rank and the bubble (the idle
 share of all ranks' time) come out.
 
+The runtime's own cost (`with_runtime`): every compute action of every schedule costs its
+measured compute plus `action_s` (the runtime's work around it) plus `p2p_op_s` for each
+point-to-point op it issues or waits on (`p2p_ops`: a forward receives its input and sends its
+output, a B or I receives its output's gradient and sends its input's, each only across ranks;
+W none), both as runtime.py measures them; they hold the rank, not the link.
+
 Local stages. `replay_local` runs the local arm's bounded queue the same way, step by step:
 each rank receives, runs its segments, sends after its last segment's forward and then waits
 until at most `queue` of its sends are still untaken (the Wire's commit), as local.py does.
@@ -117,6 +123,23 @@ def torch_order(schedule: str, stages: int, micro_batches: int) -> Order:
     actions = {r: _compute_actions(raw[r]) for r in sorted(raw)}
     actions, relabelled = _relabel(actions, micro_batches)
     return Order(actions, relabelled)
+
+
+def p2p_ops(a, owner: list[int]) -> int:
+    """Point-to-point ops action `a` issues or waits on: one per neighbour stage on another rank."""
+    v, kind, V = a.stage_index, a.computation_type, len(owner)
+    if kind == W:
+        return 0
+    before = v > 0 and owner[v - 1] != owner[v]  # F receives from it; B and I send their input gradient to it
+    after = v < V - 1 and owner[v + 1] != owner[v]  # F sends to it; B and I receive their output gradient from it
+    return int(before) + int(after)
+
+
+def with_runtime(cost: Callable, owner: list[int], action_s: float, p2p_op_s: float) -> Callable:
+    """cost(a) plus the runtime's share of it: action_s, and p2p_op_s for each of its P2P ops."""
+    if not action_s and not p2p_op_s:
+        return cost  # zero overhead: the very same costs (exact)
+    return lambda a: cost(a) + action_s + p2p_op_s * p2p_ops(a, owner)
 
 
 @dataclass

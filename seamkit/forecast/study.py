@@ -5,8 +5,9 @@ Step time by candidate (rows, segments and owners from `candidates`):
 - e2e single: forward + backward of the whole GPT on the batch, one optimizer step;
 - e2e dp: the same on batch/N rows, a ring allreduce of every gradient (no overlap with the
   backward: an upper bound on DDP's bucketed one), one optimizer step; bubble = the allreduce's share;
-- e2e pipe: the replay of torch's order on batch/M rows, then the one small allreduce of the
-  gradient norms every rank waits on, then the slowest rank's optimizer step;
+- e2e pipe: the replay of torch's order on batch/M rows, every action charged the runtime's
+  overhead too (`replay.with_runtime`, the table's `runtime`), then the one small allreduce of
+  the gradient norms every rank waits on, then the slowest rank's optimizer step;
 - local single: every segment's forward, aux head and detached backward, every optimizer step;
 - local stages: `replay_local` over the ranks' runs of segments with the Wire's queue of 2.
 tokens/s = batch x seq / step time; the bubble is the idle share of all ranks' time over a step.
@@ -28,9 +29,10 @@ from seamkit.forecast.costs import (
     costs_at,
     measure_costs,
     part,
+    runtime_of,
 )
 from seamkit.forecast.links import LOOPBACK, Link, allreduce_s, parse_link
-from seamkit.forecast.replay import replay, replay_local, torch_order
+from seamkit.forecast.replay import replay, replay_local, torch_order, with_runtime
 from seamkit.report import provenance
 from seamkit.stats import held_out_time_to_target, stats
 
@@ -82,7 +84,10 @@ def _pipe(c: Candidate, costs: dict, link: Link) -> dict:
     parts = {"F": "forward_s", "B": "backward_s", "I": "backward_input_s", "W": "backward_weight_s"}
     cost = {(v, k): part(costs, seg, c.rows, p) for v, seg in enumerate(c.segments) for k, p in parts.items()}
     msg = [link.seconds(part(costs, seg, c.rows, "activation_bytes")) for seg in c.segments]
-    r = replay(order.actions, c.owner, lambda a: cost[(a.stage_index, a.computation_type.value)], lambda v: msg[v])
+    rt = runtime_of(costs)
+    compute = with_runtime(lambda a: cost[(a.stage_index, a.computation_type.value)], c.owner, rt["action_s"],
+                           rt["p2p_op_s"])
+    r = replay(order.actions, c.owner, compute, lambda v: msg[v])
     opt = [sum(costs["optimizer_s"][c.segments[v]] for v, o in enumerate(c.owner) if o == rank)
            for rank in range(c.devices)]
     V = len(c.segments)
@@ -90,6 +95,7 @@ def _pipe(c: Candidate, costs: dict, link: Link) -> dict:
     step = float(r.makespan_s) + norms + max(opt)
     busy = sum(float(b) for b in r.busy_s) + sum(opt)
     return {"step_s": step, "bubble": 1 - busy / (c.devices * step), "schedule_s": float(r.makespan_s),
+            "runtime": {k: rt[k] for k in ("action_s", "p2p_op_s")},
             "allreduce_s": norms, "optimizer_s": max(opt), "relabelled": order.relabelled}
 
 
@@ -159,6 +165,8 @@ def forecast(cfg: RunConfig, devices=(1, 2, 4, 8), costs: dict | None = None, li
     report = {"kind": FORECAST_KIND, "devices": devices, "tokens_per_step": tokens, "link": link.to_dict(),
               "cores": cores, "costs": {**{k: costs.get(k) for k in ("device", "gpu", "torch_version", "threads",
                                                                      "machine", "dtype", "repeats")},
+                                        "runtime": runtime_of(costs),
+                                        "backward_split": costs.get("backward_split", "B - I (autograd.grad)"),
                                         "by_threads": sorted(map(int, costs.get("by_threads") or {}))},
               "by_devices": by_n, "cost_table": costs, **provenance(cfg)}
     if curves is not None:

@@ -1,0 +1,138 @@
+"""What torch's pipelining runtime costs a rank beyond the compute of its actions, measured here.
+
+Two figures, which the replay charges to every action of every pipe schedule alike:
+- action_s: the runtime's own work around one compute action (the stage's chunk bookkeeping,
+  the schedule's dispatch, the loss call). One rank runs ScheduleGPipe on a one-rank group over
+  a one-block segment of the run's shape, first and last at once (so no P2P), M micro-batches
+  of the pipe's rows; each timed step is paired with the same M forwards and backwards run
+  directly on the segment right after it, and action_s is the median over pairs of
+  (step - direct) / 2M (pairing: a machine whose speed drifts moves both alike).
+- p2p_op_s: a rank's CPU time per point-to-point op the runtime issues, posting it through
+  torch's `_batch_p2p` and waiting on it once its data is there, for one activation of the
+  pipe's shape between two gloo processes on this host; the mean of the sender's and the
+  receiver's. The transfer itself is the link's (links.py), not counted again.
+On an accelerator action_s is measured the same way on the device (synchronised); p2p_op_s is
+0: one device cannot time an op between two, and `how` says so.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import tempfile
+import time
+
+import torch
+
+from seamkit.config import RunConfig
+from seamkit.model import GPT, lm_loss, param_dtype, resolve_device
+from seamkit.seams.pipeline.plan import WIRE_DTYPES
+from seamkit.seams.pipeline.stage import Segment
+
+MICRO = 4  # micro-batches of the action_s step: 2 x MICRO actions a step
+PAUSE_S = 0.002  # between posting an op and waiting on it: its data is there by then
+
+NOT_MEASURED = {"action_s": 0.0, "p2p_op_s": 0.0}
+
+
+def _sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _action_overhead(cfg: RunConfig, rows: int, repeats: int, device, group) -> float:
+    from torch.distributed import pipelining
+    m, dtype = cfg.model, param_dtype(cfg.train.dtype)
+    wire = WIRE_DTYPES["float64" if cfg.train.dtype == "float64" else "float32"]
+    torch.manual_seed(cfg.train.seed)
+    seg = Segment(GPT(m).to(device=device, dtype=dtype), [0], True, True, device, dtype, wire, cfg.train.dtype)
+    g = torch.Generator(device="cpu").manual_seed(0)
+    x_BT = torch.randint(0, m.vocab, (rows * MICRO, m.seq), generator=g).to(device)
+    y_BT = torch.randint(0, m.vocab, (rows * MICRO, m.seq), generator=g).to(device)
+    out = seg(x_BT[:rows]).detach()
+    stage = pipelining.PipelineStage(seg, 0, 1, device, input_args=x_BT[:rows].clone(),
+                                     output_args=torch.empty_like(out).requires_grad_(True), group=group)
+    sched = pipelining.ScheduleGPipe(stage, n_microbatches=MICRO, loss_fn=lambda o, y: lm_loss(o, y) / MICRO,
+                                     scale_grads=False)
+
+    def step():
+        sched.step(x_BT, target=y_BT, losses=[], return_outputs=False)
+
+    def direct():
+        for k in range(MICRO):
+            rows_k = slice(k * rows, (k + 1) * rows)
+            (lm_loss(seg(x_BT[rows_k]), y_BT[rows_k]) / MICRO).backward()
+
+    def timed(fn):
+        _sync(device)
+        t = time.perf_counter()
+        fn()
+        _sync(device)
+        seg.zero_grad(set_to_none=True)
+        return time.perf_counter() - t
+
+    diffs = [timed(step) - timed(direct) for _ in range(repeats + 2)][2:]  # two pairs warm up
+    return max(statistics.median(diffs) / (2 * MICRO), 0.0)
+
+
+def _p2p_op(rank: int, shape, dtype, repeats: int) -> float:
+    import torch.distributed as dist
+    from torch.distributed.pipelining import schedules
+    buf = torch.zeros(shape, dtype=dtype)
+    op = dist.isend if rank == 0 else dist.irecv
+    post, wait = [], []
+    for _ in range(repeats + 2):
+        dist.barrier()  # nothing in flight: both start together
+        t = time.perf_counter()
+        works = schedules._batch_p2p([dist.P2POp(op, buf, 1 - rank)])
+        post.append(time.perf_counter() - t)
+        time.sleep(PAUSE_S)
+        t = time.perf_counter()
+        schedules._wait_batch_p2p(works)
+        wait.append(time.perf_counter() - t)
+    return statistics.median(post[2:]) + statistics.median(wait[2:])
+
+
+def _worker(rank: int, init: str, cfg: RunConfig, rows: int, repeats: int, threads, out: str) -> None:
+    import torch.distributed as dist
+    if threads:
+        torch.set_num_threads(threads)
+    device = resolve_device(cfg.train.device)
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
+    alone = [dist.new_group([0]), dist.new_group([1])]  # every rank makes every group
+    result = {}
+    if rank == 0:  # the other rank idles meanwhile, as every cost here is timed alone
+        result["action_s"] = _action_overhead(cfg, rows, repeats, device, alone[0])
+    dist.barrier()
+    if device.type == "cpu":
+        wire = WIRE_DTYPES["float64" if cfg.train.dtype == "float64" else "float32"]
+        each = _p2p_op(rank, (rows, cfg.model.seq, cfg.model.dim), wire, repeats)
+        both = [None, None]
+        dist.all_gather_object(both, each)
+        result.update(p2p_op_s=sum(both) / 2, send_op_s=both[0], recv_op_s=both[1])
+    dist.destroy_process_group()
+    if rank == 0:
+        with open(out, "w") as f:
+            json.dump(result, f)
+
+
+def measure_runtime(cfg: RunConfig, rows: int, repeats: int = 20, threads: int | None = None) -> dict:
+    """{"action_s", "p2p_op_s", "rows", "how", ...} for a pipe of `rows` rows a micro-batch, in two
+    spawned gloo processes of `threads` torch threads (CPU) on cfg.train.device (module docstring)."""
+    import torch.multiprocessing as mp
+    device = resolve_device(cfg.train.device)
+    with tempfile.TemporaryDirectory() as d:
+        init, out = f"file://{os.path.join(d, 'rdzv')}", os.path.join(d, "out.json")
+        mp.start_processes(_worker, args=(init, cfg, rows, repeats, threads, out), nprocs=2, start_method="spawn")
+        with open(out) as f:
+            result = json.load(f)
+    how = (f"action_s: ScheduleGPipe on one rank, one-block segment, {MICRO} micro-batches of {rows} rows, median "
+           f"of {repeats} (step - direct F and B) / {2 * MICRO}; ")
+    if device.type == "cpu":
+        how += (f"p2p_op_s: post + wait of one {rows}x{cfg.model.seq}x{cfg.model.dim} activation through torch's "
+                f"_batch_p2p, loopback gloo, mean of sender and receiver, median of {repeats}")
+    else:
+        result["p2p_op_s"] = 0.0
+        how += f"p2p_op_s: 0, not measured on {device.type} (one device cannot time an op between two)"
+    return {**result, "rows": rows, "repeats": repeats, "how": how}
