@@ -1,11 +1,13 @@
 """Benchmark: the forecast (seamkit.forecast) against every placement candidate measured here (not a test).
 
-Validation (the default): the costs are measured once (`measure_costs`), the forecast made at
-every N of --devices, then every placement candidate (`seams.placement.candidates`) is trained
-for `seams.calibrate_steps` steps with `seams.calibration.measure`, --rounds times: round r runs
-every candidate once, in the listed order on even rounds and reversed on odd ones, so a machine
-that slows over the run slows the candidates alike. Each candidate's speed is the median over
-rounds; its error is (forecast - measured) / measured, and the worst is named. A candidate the
+Validation (the default): --rounds rounds, each starting with the costs measured afresh
+(`measure_costs`) and the forecast made from them at every N of --devices, then every placement
+candidate (`seams.placement.candidates`) trained for `seams.calibrate_steps` steps with
+`seams.calibration.measure`: round r runs every candidate once, in the listed order on even
+rounds and reversed on odd ones, so a machine that slows over the run slows the candidates
+alike. This machine's speed drifts by 10-20% over minutes, so a forecast is held to the runs of
+its own round: a candidate's error is the median over rounds of (forecast - measured) / measured,
+its speed the median over rounds, and the worst is named. A candidate the
 forecast flags (oversubscribed: more ranks x threads than cores; or one that cannot run) is
 reported with the reason and not measured.
 
@@ -48,10 +50,7 @@ def build(args) -> C.RunConfig:
 def validation(args) -> dict:
     cfg = build(args)
     devices = parse_devices(args.devices)
-    t0 = time.perf_counter()
-    costs = measure_costs(cfg, devices, repeats=args.repeats)
-    report = forecast(cfg, devices, costs=costs, link=args.link)
-    print(f"costs measured in {time.perf_counter() - t0:.1f} s")
+    report = _round_forecast(cfg, devices, args)  # the first round's costs; also says what it flags
     todo, flagged = [], []
     for n in devices:
         for arm, ps in candidates(cfg, n).items():
@@ -63,7 +62,11 @@ def validation(args) -> dict:
                 else:
                     todo.append((n, arm, p))
     rounds = {(n, arm, p.name): [] for n, arm, p in todo}
+    forecasts = []  # each round's forecast, from the costs measured at that round's start
     for r in range(args.rounds):
+        if r:
+            report = _round_forecast(cfg, devices, args)
+        forecasts.append(report)
         for n, arm, p in todo if r % 2 == 0 else todo[::-1]:
             print(f"round {r + 1}/{args.rounds}: N={n} {arm} on {p.name}", flush=True)
             rounds[(n, arm, p.name)].append(calibration.measure(cfg, n, {arm: [p]})["tokens_per_s"][arm][p.name])
@@ -78,15 +81,43 @@ def validation(args) -> dict:
         spread.append({"arm": arm, "devices": n, "candidate": name, "rounds": vals, "median": med,
                        "spread": (max(ok) - min(ok)) / med})
     by_n = {n: {a: measured[a].get(n, {}) for a in measured} for n in devices}
-    # validate_report, for the threads each measured process had beside each row (CPU)
-    v = validate_report(report, {"measured": by_n, "run_config": cfg.to_dict(), "device": costs["device"]})
+    # each round's forecast against that round's measurement (one minute of the machine for both),
+    # the error of a candidate the median over rounds; validate_report gives the threads each
+    # measured process had beside each row (CPU)
+    per_round = []
+    for r, fr in enumerate(forecasts):
+        got = {n: {a: {name: vals[r] for (m, b, name), vals in rounds.items() if m == n and b == a
+                       and vals[r] is not None} for a in measured} for n in devices}
+        per_round.append(validate_report(fr, {"measured": got, "run_config": cfg.to_dict(), "device": fr["costs"]["device"]}))
+    v = per_round[0]
+    for row in v["errors"]:
+        key = (row["devices"], row["arm"], row["candidate"])
+        mine = [next(e for e in pr["errors"] if (e["devices"], e["arm"], e["candidate"]) == key) for pr in per_round
+                if any((e["devices"], e["arm"], e["candidate"]) == key for e in pr["errors"])]
+        row["rounds"] = [{k: e[k] for k in ("forecast", "measured", "relative_error")} for e in mine]
+        row["forecast"] = statistics.median(e["forecast"] for e in mine)
+        row["measured"] = statistics.median(e["measured"] for e in mine)
+        row["relative_error"] = statistics.median(e["relative_error"] for e in mine)
+    v["worst"] = max(v["errors"], key=lambda e: abs(e["relative_error"]), default=None)
     v["missing"] += flagged + didnt
-    v["source"] = f"bench/forecast.py, median of {args.rounds} interleaved round(s)"
+    v["source"] = (f"bench/forecast.py, {args.rounds} interleaved round(s), each with costs measured at its start; "
+                   "error: the median over rounds of the round's (forecast - measured) / measured")
+    report = forecasts[-1]
     report["validation"] = v
     print("\n".join(summary_lines(report) + validation_lines(v)))
     return {"mode": "validation", "rounds": args.rounds, "measured": by_n,
             "measured_rounds": spread, "flagged": flagged, "errors": v["errors"], "worst": v["worst"],
-            "forecast": report}
+            "forecast": report, "round_costs": [f["cost_table"]["runtime"] | {"seconds": f["costs_seconds"]}
+                                                for f in forecasts]}
+
+
+def _round_forecast(cfg, devices, args) -> dict:
+    t0 = time.perf_counter()
+    costs = measure_costs(cfg, devices, repeats=args.repeats)
+    report = forecast(cfg, devices, costs=costs, link=args.link)
+    report["costs_seconds"] = time.perf_counter() - t0
+    print(f"costs measured in {report['costs_seconds']:.1f} s", flush=True)
+    return report
 
 
 def seed_scale(args) -> dict:
