@@ -501,11 +501,20 @@ def test_zero_runtime_reproduces_a_table_without_one_and_only_pipes_pay_it():
     assert o["costs"]["runtime"]["how"] == "hand-made" and "absent" in a["costs"]["runtime"]["how"]
 
 
-def test_committed_tables_without_the_runtime_block_still_load(tmp_path):
+def test_committed_tables_load_and_one_without_the_runtime_block_reads_as_zeros(tmp_path):
     root = os.path.join(os.path.dirname(__file__), os.pardir, "bench", "results")
     for name in ("forecast.json", "forecast_seed_scale.json"):
         table = load_costs(os.path.join(root, name))  # a forecast output carries its table
-        assert costs_module.runtime_of(table)["p2p_op_s"] == 0
+        rt = costs_module.runtime_of(table)
+        if table.get("version", 1) == 1:
+            assert rt["p2p_op_s"] == 0 and rt["shared_factor"] == 1.0
+        else:
+            assert rt["how"] and "absent" not in rt["how"]
+    old = {k: v for k, v in _with_runtime_block(fake_costs(preset("tiny"), [1, 2]), 1e-4, 1e-4).items()
+           if k != "runtime"}
+    (tmp_path / "old.json").write_text(json.dumps({**old, "version": 1}))
+    rt = costs_module.runtime_of(load_costs(tmp_path / "old.json"))
+    assert (rt["action_s"], rt["p2p_op_s"], rt["shared_factor"]) == (0.0, 0.0, 1.0) and "version-1" in rt["how"]
     bad = _with_runtime_block(fake_costs(preset("tiny"), [1, 2]), 1e-4, -1.0)
     (tmp_path / "bad.json").write_text(json.dumps(bad))
     with pytest.raises(CostError, match="runtime.p2p_op_s missing or not a number >= 0") as e:
@@ -515,3 +524,29 @@ def test_committed_tables_without_the_runtime_block_still_load(tmp_path):
     (tmp_path / "bad.json").write_text(json.dumps(bad))
     with pytest.raises(CostError, match="runtime.action_s missing"):
         load_costs(tmp_path / "bad.json")
+
+
+def test_ranks_sharing_the_host_scale_every_multi_rank_candidate_s_compute_and_only_theirs():
+    """A shared factor of 2 with a free link and no runtime overhead: every candidate of more than
+    one rank takes exactly twice as long (doubling is exact in binary floating point), and a
+    one-process candidate not at all. Planted faults this catches: the factor applied to single
+    too; a part left unscaled (the optimizer step)."""
+    cfg = preset("tiny")
+    base = _with_runtime_block(fake_costs(cfg, [1, 2]), 0.0, 0.0)
+    twice = json.loads(json.dumps(base))
+    twice["runtime"]["shared_factor"] = 2.0
+    a, b = (forecast(cfg, [1, 2], costs=t, link=FREE)["by_devices"] for t in (base, twice))
+    seen = 0
+    for n in ("1", "2"):
+        for arm in ("e2e", "local"):
+            for name, c in a[n][arm]["candidates"].items():
+                if not c["forecast"]:
+                    continue
+                d = b[n][arm]["candidates"][name]
+                multi = int(n) > 1 and name != "single"
+                assert d["step_s"] == (2 * c["step_s"] if multi else c["step_s"]), (n, arm, name)
+                seen += multi
+    assert seen >= 5
+    twice["runtime"]["shared_factor"] = 0
+    with pytest.raises(CostError, match="shared_factor must be a number > 0"):
+        forecast(cfg, [2], costs=twice, link=FREE)

@@ -313,6 +313,9 @@ def check_costs(table, where: str = "cost table") -> None:
                or isinstance(rt.get(k), bool) or rt.get(k) < 0]
         if bad:
             raise CostError(f"{where}: runtime.{bad[0]} missing or not a number >= 0 (seconds)")
+        f = rt.get("shared_factor", 1.0)
+        if not isinstance(f, (int, float)) or isinstance(f, bool) or not f > 0:
+            raise CostError(f"{where}: runtime.shared_factor must be a number > 0 (a ratio of seconds), got {f!r}")
     by = table.get("by_threads", {})
     if not isinstance(by, dict):
         raise CostError(f"{where}: by_threads is not an object of thread count -> costs")
@@ -333,11 +336,22 @@ def _check_entries(segments: dict, where: str) -> None:
 
 def runtime_of(table: dict) -> dict:
     """The table's pipelining runtime figures; a table measured before they existed (version 1,
-    no `runtime`) reads as zeros, so it forecasts as it always did, and `how` says so."""
+    no `runtime`) reads as zeros (and a shared factor of 1), so it forecasts as it always did,
+    and `how` says so."""
     rt = table.get("runtime")
     if rt is None:
         return {**NOT_MEASURED, "how": f"absent from this version-{table.get('version', 1)} table: 0"}
-    return rt
+    return {"shared_factor": 1.0, **rt}
+
+
+def shared(table: dict, factor: float) -> dict:
+    """The table with every compute time (segments' seconds, optimizer steps) `factor` times as
+    long: the costs of one rank while the host's other ranks compute too (`runtime.shared_factor`)."""
+    if factor == 1.0:
+        return table
+    seg = {k: {n: v * factor if n.endswith("_s") else v for n, v in e.items()} for k, e in table["segments"].items()}
+    return {**table, "segments": seg, "optimizer_s": {k: v * factor for k, v in table["optimizer_s"].items()},
+            "aux_optimizer_s": table["aux_optimizer_s"] * factor}
 
 
 def costs_at(table: dict, threads: int | None) -> dict | None:

@@ -11,8 +11,15 @@ Two figures, which the replay charges to every action of every pipe schedule ali
   torch's `_batch_p2p` and waiting on it once its data is there, for one activation of the
   pipe's shape between two gloo processes on this host; the mean of the sender's and the
   receiver's. The transfer itself is the link's (links.py), not counted again.
+- shared_factor: how much slower a rank computes while the other rank computes too, on this
+  host (cores that share caches, memory bandwidth, perhaps a physical core): each rank times a
+  middle block's forward and backward at the pipe's rows alone (the other waiting), then both at
+  once, in turns repeated `repeats` times so a drift of the machine reaches both alike; the
+  factor is the ratio of the medians, averaged over the two ranks. The forecast scales the
+  compute of every candidate that runs more than one rank by it (`study.step_time`).
 On an accelerator action_s is measured the same way on the device (synchronised); p2p_op_s is
-0: one device cannot time an op between two, and `how` says so.
+0 and shared_factor 1: one device cannot time an op between two, nor two ranks on two devices,
+and `how` says so.
 """
 
 from __future__ import annotations
@@ -33,7 +40,7 @@ from seamkit.seams.pipeline.stage import Segment
 MICRO = 4  # micro-batches of the action_s step: 2 x MICRO actions a step
 PAUSE_S = 0.002  # between posting an op and waiting on it: its data is there by then
 
-NOT_MEASURED = {"action_s": 0.0, "p2p_op_s": 0.0}
+NOT_MEASURED = {"action_s": 0.0, "p2p_op_s": 0.0, "shared_factor": 1.0}
 
 
 def _sync(device):
@@ -94,6 +101,32 @@ def _p2p_op(rank: int, shape, dtype, repeats: int) -> float:
     return statistics.median(post[2:]) + statistics.median(wait[2:])
 
 
+def _shared_factor(cfg: RunConfig, rows: int, repeats: int) -> float:
+    """This rank's (median time both at once) / (median time alone) of a middle block's forward and
+    backward (module docstring); every rank calls it at once."""
+    import torch.distributed as dist
+    m, dtype = cfg.model, param_dtype(cfg.train.dtype)
+    torch.manual_seed(cfg.train.seed)
+    seg = Segment(GPT(m).to(dtype=dtype), [0], False, False, torch.device("cpu"), dtype, dtype, cfg.train.dtype)
+    h_BTC = torch.randn(rows, m.seq, m.dim, dtype=dtype)
+    g_BTC = torch.randn(rows, m.seq, m.dim, dtype=dtype)
+
+    def timed() -> float:
+        t = time.perf_counter()
+        seg(h_BTC).backward(g_BTC)
+        seg.zero_grad(set_to_none=True)
+        return time.perf_counter() - t
+    rank, alone, both = dist.get_rank(), [], []
+    for _ in range(repeats + 1):  # the first turn warms up
+        for turn in (0, 1):
+            dist.barrier()
+            if rank == turn:
+                alone.append(timed())
+        dist.barrier()
+        both.append(timed())
+    return statistics.median(both[1:]) / statistics.median(alone[1:])
+
+
 def _worker(rank: int, init: str, cfg: RunConfig, rows: int, repeats: int, threads, out: str) -> None:
     import torch.distributed as dist
     if threads:
@@ -111,6 +144,9 @@ def _worker(rank: int, init: str, cfg: RunConfig, rows: int, repeats: int, threa
         both = [None, None]
         dist.all_gather_object(both, each)
         result.update(p2p_op_s=sum(both) / 2, send_op_s=both[0], recv_op_s=both[1])
+        factors = [None, None]
+        dist.all_gather_object(factors, _shared_factor(cfg, rows, max(repeats, 40)))
+        result.update(shared_factor=sum(factors) / 2, shared_factor_ranks=factors)
     dist.destroy_process_group()
     if rank == 0:
         with open(out, "w") as f:
@@ -131,8 +167,11 @@ def measure_runtime(cfg: RunConfig, rows: int, repeats: int = 20, threads: int |
            f"of {repeats} (step - direct F and B) / {2 * MICRO}; ")
     if device.type == "cpu":
         how += (f"p2p_op_s: post + wait of one {rows}x{cfg.model.seq}x{cfg.model.dim} activation through torch's "
-                f"_batch_p2p, loopback gloo, mean of sender and receiver, median of {repeats}")
+                f"_batch_p2p, loopback gloo, mean of sender and receiver, median of {repeats}; shared_factor: "
+                f"a middle block's forward and backward at {rows} rows, both ranks at once over each alone, medians "
+                f"of {max(repeats, 40)} turns, mean of the two ranks")
     else:
-        result["p2p_op_s"] = 0.0
-        how += f"p2p_op_s: 0, not measured on {device.type} (one device cannot time an op between two)"
+        result.update(p2p_op_s=0.0, shared_factor=1.0)
+        how += (f"p2p_op_s: 0 and shared_factor: 1, not measured on {device.type} (one device cannot time an op "
+                "between two, nor two ranks on devices of their own)")
     return {**result, "rows": rows, "repeats": repeats, "how": how}
