@@ -145,7 +145,7 @@ def main(argv=None) -> int:
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     ap.add_argument("--devices", default="1,2", help="device counts (default 1,2; 1,2,4,8,16 with --seed-scale)")
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds of every candidate")
-    ap.add_argument("--repeats", type=int, default=3, help="timed runs of every cost entry")
+    ap.add_argument("--repeats", type=int, default=5, help="timed runs of every cost entry (their mean)")
     ap.add_argument("--link", default="loopback", help="the link of the validation forecast (ranks on this host)")
     ap.add_argument("--seed-scale", action="store_true", help="forecast only, the seed preset's scaling (docstring)")
     ap.add_argument("--seed-link", default="nvlink", help="--seed-scale: the link")

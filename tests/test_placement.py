@@ -396,3 +396,13 @@ def test_a_study_stopped_mid_arm_goes_on_in_its_multi_process_arms(tmp_path):
     rows = [(r["step"], r["e2e"]["loss"], r["local"]["loss"]) for r in done["repeats"][0]["equal_tokens"]]
     assert rows and rows == [(r["step"], r["e2e"]["loss"], r["local"]["loss"])
                              for r in whole["repeats"][0]["equal_tokens"]]
+
+
+def test_an_objective_stages_cannot_train_leaves_the_e2e_placements_alone(tmp_path):
+    """shared_head needs the last stage's head on every stage, so local has no `stages` candidate;
+    e2e trains no local objective, so its dp and pipe candidates stay and run. Planted fault this
+    catches: the local objective checked for every placement (dp failed to start)."""
+    cfg = C.override(steps_cfg(**{"train.max_steps": 2}), {"seams.objective": "shared_head"})
+    cands = {a: [p.name for p in ps] for a, ps in P.candidates(cfg, 2).items()}
+    assert cands["local"] == ["single"] and "dp" in cands["e2e"] and any(n.startswith("pipe:") for n in cands["e2e"])
+    assert _placed("e2e", cfg, "dp", tmp_path / "dp.pt", send=lambda e: None).status == "complete"

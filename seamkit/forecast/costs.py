@@ -12,8 +12,9 @@ from a GPT of the run's config exactly as a pipeline rank cuts it:
   Together they cost more than B: the split re-enters autograd once per group;
 - local rows also get aux_s (an AuxHead's forward, loss and backward on the segment output) and
   local_backward_s (the weights' gradient with the input detached, as the local arm runs it).
-Each figure is the median of `repeats` timed runs after one untimed one; FLOPs of every part
-are counted beside it with `seamkit.costs.count_flops`. Optimizer steps (fused AdamW) are timed
+Each figure is the mean of `repeats` timed runs after one untimed one (a run's speed is set by
+its mean step, the machine's interruptions included, which the median of a few short timings
+leaves out); FLOPs of every part are counted beside it with `seamkit.costs.count_flops`. Optimizer steps (fused AdamW) are timed
 per segment shape and per aux head. `runtime` holds what torch's pipelining runtime costs beyond
 that compute (`measure_runtime`: a per-action overhead and a per-P2P-op cost). The table is JSON, labelled with the machine, the device,
 the threads and the torch version it was measured with (`save_costs`, `load_costs`).
@@ -156,7 +157,7 @@ def _measure_segment(model: GPT, cfg: RunConfig, seg: str, full_rows: int, local
         if i > 0:
             for k, v in sample.items():
                 times[k].append(v)
-    out = {k: statistics.median(v) for k, v in times.items()}
+    out = {k: statistics.fmean(v) for k, v in times.items()}  # the mean: see the module docstring
 
     # FLOPs of the same parts, counted on a fresh graph each
     flops = {}
@@ -184,7 +185,7 @@ def _time_optimizer(module: torch.nn.Module, cfg: RunConfig, device, repeats: in
     samples = [clock(opt.step)[0] for _ in range(repeats + 1)][1:]
     for p in module.parameters():
         p.grad = None
-    return statistics.median(samples)
+    return statistics.fmean(samples)
 
 
 def _measure_table(model: GPT, cfg: RunConfig, segs: set, local: set, device, repeats: int, classes: int,

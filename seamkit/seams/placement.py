@@ -68,7 +68,7 @@ def arm_config(cfg: RunConfig, placement: Placement, devices: int) -> RunConfig:
 
 def plan_for(cfg: RunConfig, placement: Placement, devices: int):
     """The pipeline plan of a multi-process placement (validated before any process starts)."""
-    return make_plan(arm_config(cfg, placement, devices), devices)
+    return make_plan(arm_config(cfg, placement, devices), devices, local=placement.kind == "stages")
 
 
 def candidates(cfg: RunConfig, devices: int) -> dict[str, list[Placement]]:

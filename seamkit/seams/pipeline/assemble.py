@@ -72,6 +72,20 @@ def delayed_wire(cfg: RunConfig, plan: Plan, ranks: list[dict], act: int) -> dic
             "crossings": len(plan.local_crossings()), "agrees": sent == got == analytic}
 
 
+def act_bytes(cfg: RunConfig, plan: Plan) -> int:
+    """The bytes of one step's h_BTC at the wire dtype."""
+    return cfg.data.batch * cfg.model.seq * cfg.model.dim * \
+        torch.empty((), dtype=WIRE_DTYPES[plan.wire_dtype]).element_size()
+
+
+def arm_measured(arm: str, cfg: RunConfig, plan: Plan, ranks: list[dict]) -> dict:
+    """`wire.measured_bytes` over the crossings of the e2e or local arm's stages."""
+    if arm == "e2e":
+        return measured_bytes(arm, ranks, plan.crossings(), plan.owner, act_bytes(cfg, plan), plan.micro_batches)
+    # only the seams between ranks reach the wire; a seam inside a rank is a detach
+    return measured_bytes(arm, ranks, plan.local_crossings(), plan.local_owner, act_bytes(cfg, plan), 1)
+
+
 def arm_wire(arm: str, kind: str, cfg: RunConfig, plan: Plan, ranks: list[dict]) -> dict:
     """What one multi-process arm put on the wire per step (measured), beside the analytic bytes,
     and the share of its ranks' time spent waiting (the bubble)."""
@@ -81,13 +95,9 @@ def arm_wire(arm: str, kind: str, cfg: RunConfig, plan: Plan, ranks: list[dict])
         return {"kind": "allreduce", "bytes_per_step": a["bytes_per_step"],
                 "analytic_bytes_per_step": a["analytic_bytes_per_step"], "allreduce_s": a["seconds"],
                 "wait_share": wait}
-    act = cfg.data.batch * cfg.model.seq * cfg.model.dim * torch.empty((), dtype=WIRE_DTYPES[plan.wire_dtype]).element_size()
     if arm == "delayed":
-        return delayed_wire(cfg, plan, ranks, act) | {"wait_share": wait}
-    if arm == "e2e":
-        m = measured_bytes(arm, ranks, plan.crossings(), plan.owner, act, plan.micro_batches)
-    else:  # only the seams between ranks reach the wire; a seam inside a rank is a detach
-        m = measured_bytes(arm, ranks, plan.local_crossings(), plan.local_owner, act, 1)
+        return delayed_wire(cfg, plan, ranks, act_bytes(cfg, plan)) | {"wait_share": wait}
+    m = arm_measured(arm, cfg, plan, ranks)
     return {"kind": "activations and gradients" if arm == "e2e" else "activations", "bytes_per_step": m["per_step"],
             "analytic_bytes_per_step": m["analytic_per_step"], "crossings": m["crossings"],
             "agrees": m["agrees"] and m["sent_equals_received"], "wait_share": wait}
@@ -113,13 +123,8 @@ def assemble(cfg: RunConfig, plan: Plan, parts: dict, backend: str, isolation: s
     b = traffic_bytes(m, B, len(plan.seams), act_bytes=wire_bytes)
     report["bytes"] = b
     report.update(traffic_ratios(b))
-    act = B * m.seq * m.dim * wire_bytes
-    measured = {}
-    for arm, ranks in parts.items():
-        if arm == "e2e":
-            measured[arm] = measured_bytes(arm, ranks, plan.crossings(), plan.owner, act, plan.micro_batches)
-        else:  # only the seams between ranks reach the wire; a seam inside a rank is a detach
-            measured[arm] = measured_bytes(arm, ranks, plan.local_crossings(), plan.local_owner, act, 1)
+    act = act_bytes(cfg, plan)
+    measured = {arm: arm_measured(arm, cfg, plan, ranks) for arm, ranks in parts.items()}
     chosen = {"e2e": f"pipe:{plan.schedule}:{plan.micro_batches}", "local": "stages"}
     report["placement"] = placement_block(plan.stages, chosen, {a: {n: None} for a, n in chosen.items()},
                                        "named: the arms on real stages, one after the other")

@@ -409,8 +409,8 @@ def _worker(args) -> int:
     try:
         cfg = C.from_dict(json.loads(Path(args.config_json).read_text())) if args.config_json else _cli_config(args)
         cfg = C.override(cfg, {"seams.stages": world})
-        plan = make_plan(cfg, world, args.queue, args.wire_dtype)
         arms = ARMS if args.arm == "both" else (args.arm,)
+        plan = make_plan(cfg, world, args.queue, args.wire_dtype, local=arms != ("e2e",))
         kinds = {**DEFAULT_RUN, **({args.arm: args.run} if args.run else {})}
         got = run_rank(cfg, plan, rank, arms, int(os.environ.get("LOCAL_RANK", rank)),
                        os.environ.get("SEAMKIT_DIST_INIT", "env://"), args.timeout, args.save_state, _printer(),

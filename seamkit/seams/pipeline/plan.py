@@ -195,8 +195,10 @@ def check_schedule(schedule: str, S: int, M: int) -> None:
         raise ConfigError(f"schedule zbv needs micro_batches >= 2 x stages - 1 ({2 * S - 1}), got {M}")
 
 
-def make_plan(cfg: RunConfig, stages: int, queue: int = 2, wire_dtype: str | None = None) -> Plan:
-    """Validate a pipeline run before any process starts; errors a user can act on."""
+def make_plan(cfg: RunConfig, stages: int, queue: int = 2, wire_dtype: str | None = None, local: bool = True) -> Plan:
+    """Validate a pipeline run before any process starts; errors a user can act on. `local`: the
+    local arm runs on these stages too, so its objective must be one stages can train (an e2e
+    placement alone, data parallel or a pipe schedule, trains no local objective)."""
     n, batch = cfg.model.n_blocks, cfg.data.batch
     seams, held = local_seams(cfg, stages)
     schedule, per_stage = resolve_schedule(cfg.seams.pipeline_schedule, stages, n, batch)
@@ -211,7 +213,7 @@ def make_plan(cfg: RunConfig, stages: int, queue: int = 2, wire_dtype: str | Non
         check_schedule(schedule, stages, m)
     if queue < 1:
         raise ConfigError(f"queue={queue}: a local stage needs room for at least 1 step in flight")
-    if seams and cfg.seams.objective not in OWN_READOUT:
+    if local and seams and cfg.seams.objective not in OWN_READOUT:
         raise ConfigError(f"seams.objective={cfg.seams.objective}: pipeline stages train own_head, aux_block "
                           f"or aux_head only (detached_head and shared_head need the last stage's head on every stage each step)")
     wire = wire_dtype or ("float64" if cfg.train.dtype == "float64" else "float32")
