@@ -83,6 +83,9 @@ class _Go:
     def is_set(self):
         return self.on
 
+    def wait(self, timeout):
+        return self.on
+
 
 def test_the_turn_goes_on_only_once_every_rank_has_paused(tmp_path):
     """Planted fault this catches: releasing on the first rank's pause (the others still computing
@@ -406,3 +409,27 @@ def test_an_objective_stages_cannot_train_leaves_the_e2e_placements_alone(tmp_pa
     cands = {a: [p.name for p in ps] for a, ps in P.candidates(cfg, 2).items()}
     assert cands["local"] == ["single"] and "dp" in cands["e2e"] and any(n.startswith("pipe:") for n in cands["e2e"])
     assert _placed("e2e", cfg, "dp", tmp_path / "dp.pt", send=lambda e: None).status == "complete"
+
+
+def test_a_paused_rank_sleeps_until_the_coordinator_wakes_it(tmp_path, monkeypatch):
+    """A paused rank blocks on its wake pipe (no polling beside the arm that trains) and wakes
+    when the coordinator gives the turn or halts. Planted fault this catches: give_turn leaving
+    the go file without waking the pipe (the rank sleeps on, here for 60 s)."""
+    import threading
+
+    from seamkit.seams import turns as T
+    monkeypatch.setattr(T, "WAKE_S", 60.0)
+    calls = []
+    real = T.select.select
+    monkeypatch.setattr(T.select, "select", lambda *a: calls.append(1) or real(*a))
+    for end in (lambda: T.give_turn(tmp_path, 1), lambda: T.halt(tmp_path)):
+        rt = T.RankTurns(tmp_path, 0, 1.0, 1, lambda e: None)
+        waiter = threading.Thread(target=rt._wait, args=(1,))
+        waiter.start()
+        time.sleep(0.3)
+        assert waiter.is_alive() and len(calls) <= 1  # asleep, not polling
+        end()
+        waiter.join(timeout=10)
+        assert not waiter.is_alive()
+        (tmp_path / "go-1").unlink(missing_ok=True)
+        calls.clear()

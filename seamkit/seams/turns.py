@@ -10,7 +10,8 @@ machine does lands on every arm alike (`seams.processes` hands the turns out).
   stages). All its ranks pause at the same step boundary: rank 0 decides (`due`) and says so in
   the message its run sends every step anyway, then each rank reports a `_paused` event and
   waits, clock paused, until the arm's coordinator leaves `go-<n>` in the turns folder (or
-  `halt`, when the study stops). The coordinator hands the turn back only once every rank has
+  `halt`, when the study stops). A paused rank sleeps on a pipe the coordinator writes to, not
+  polling, so the arm holding the turn trains beside no wake-ups of the others. The coordinator hands the turn back only once every rank has
   paused, so no rank of one arm computes during another arm's turn. A periodic checkpoint is a
   pause too: every rank leaves its state at that boundary, and the coordinator joins the states
   into the arm's checkpoint before it lets the ranks go on (in the same turn, unless it ended).
@@ -20,7 +21,9 @@ Both record each turn's steps, seconds and tokens/s (`slices`): the study's spre
 
 from __future__ import annotations
 
+import contextlib
 import os
+import select
 import time
 from pathlib import Path
 from typing import Callable
@@ -28,7 +31,7 @@ from typing import Callable
 from seamkit.loop import Clock
 
 TURNS_ENV = "SEAMKIT_TURNS"  # a rank's turns folder; unset: the arm runs alone, without turns
-POLL_S = 0.005  # how often a paused rank looks for its go file
+WAKE_S = 1.0  # a paused rank looks for its go file at least this often, woken or not
 
 
 class _Slices:
@@ -94,6 +97,12 @@ class RankTurns(_Slices):
         super().__init__(tokens_per_step)
         self.folder = Path(folder) if folder else None
         self.rank, self.slice_s, self.emit, self.n = rank, slice_s, emit, 0
+        self.wake = None
+        if self.folder is not None:  # a paused rank sleeps on this pipe: no wake-ups beside the arm training
+            path = self.folder / f"wake-{rank}"
+            if not path.exists():
+                os.mkfifo(path)
+            self.wake = os.open(path, os.O_RDWR | os.O_NONBLOCK)  # read-write: opening never blocks
 
     @classmethod
     def from_env(cls, rank: int, slice_s: float, tokens_per_step: int, emit) -> "RankTurns":
@@ -132,16 +141,36 @@ class RankTurns(_Slices):
             self.emit({"kind": "_trained", "rank": self.rank})
 
     def _wait(self, n: int) -> None:
+        """Until `go-n` or `halt` is in the folder: asleep on the wake pipe, which the coordinator
+        writes to after leaving either (and at least every WAKE_S, should a byte go astray)."""
         go, halt = self.folder / f"go-{n}", self.folder / "halt"
         while not (go.exists() or halt.exists()):
-            time.sleep(POLL_S)
+            if select.select([self.wake], [], [], WAKE_S)[0]:
+                with contextlib.suppress(BlockingIOError):
+                    os.read(self.wake, 4096)
+
+
+def _wake_all(folder) -> None:
+    """A byte to every paused rank's wake pipe (one not yet made looks at the files first)."""
+    for path in Path(folder).glob("wake-*"):
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK)
+        except OSError:  # no reader any more: that rank has gone
+            continue
+        try:
+            with contextlib.suppress(BlockingIOError):  # a full pipe wakes its reader anyway
+                os.write(fd, b"x")
+        finally:
+            os.close(fd)
 
 
 def give_turn(folder, n: int) -> None:
     """The coordinator's side: turn `n` of a multi-process arm may start."""
     Path(folder, f"go-{n}").touch()
+    _wake_all(folder)
 
 
 def halt(folder) -> None:
     """The coordinator's side: no rank of the arm waits for a turn any more (the study stops)."""
     Path(folder, "halt").touch()
+    _wake_all(folder)

@@ -36,6 +36,8 @@ from seamkit.seams.resume import ResumeError
 from seamkit.seams.snapshots import merge_ranks
 from seamkit.seams.turns import TURNS_ENV, give_turn, halt
 
+PAUSED_WAIT_S = 0.1  # how long the coordinator of a paused arm sleeps on the study's turn between looks
+
 
 class Relay:
     """The coordinator's side of a multi-process arm's turns and events (see the module docstring).
@@ -84,6 +86,10 @@ class Relay:
             halt(self.folder)
             if procs and procs[0].poll() is None:
                 os.kill(procs[0].pid, signal.SIGINT)
+        if self.waiting is not None and self.go is not None and not self.go.is_set() and not self.halted:
+            # every rank is paused: nothing to read from them, so sleep until the study gives the turn
+            # rather than poll beside the arm that holds it
+            self.go.wait(PAUSED_WAIT_S)
         if self.waiting is not None and (self.go is None or self.go.is_set()):
             give_turn(self.folder, self.waiting)
             self.waiting = None
