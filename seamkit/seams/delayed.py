@@ -331,23 +331,33 @@ def delayed_step(a: DelayedArm, x_BT: torch.Tensor, y_BT: torch.Tensor, lr: floa
     return values
 
 
+def entry_to_cpu(e: dict) -> dict:
+    """A stash or inbox entry as plain data for a checkpoint (tensors on the CPU); a kept graph's
+    output and graph are left out: its input, weights and RNG state rebuild them."""
+    return {k: (v.detach().cpu() if isinstance(v, torch.Tensor) else
+                {n: t.detach().cpu() for n, t in v.items()} if isinstance(v, dict) else v)
+            for k, v in e.items() if k not in ("out", "graph")}
+
+
+def entry_to(e: dict, device: torch.device) -> dict:
+    """`entry_to_cpu`'s entry back on `device` (an RNG state stays on the CPU, where torch reads it)."""
+    return {k: (v.to(device) if isinstance(v, torch.Tensor) else
+                {n: t.to(device) for n, t in v.items()} if isinstance(v, dict) and k != "rng" else v)
+            for k, v in e.items()}
+
+
 def state_dict(a: DelayedArm) -> dict:
     """The in-flight state, plain data for a checkpoint's `extra` (tensors on the CPU); a kept
     graph rides as the input and weights that rebuild it (`load_state_dict`)."""
-    def cpu(e: dict) -> dict:
-        return {k: (v.detach().cpu() if isinstance(v, torch.Tensor) else
-                    {n: t.detach().cpu() for n, t in v.items()} if isinstance(v, dict) else v)
-                for k, v in e.items() if k not in ("out", "graph")}
     return {"step": a.step, "peak_kept_bytes": a.peak_kept_bytes,
-            "stash": [[cpu(e) for e in q] for q in a.stash], "inbox": [[cpu(e) for e in q] for q in a.inbox]}
+            "stash": [[entry_to_cpu(e) for e in q] for q in a.stash],
+            "inbox": [[entry_to_cpu(e) for e in q] for q in a.inbox]}
 
 
 def load_state_dict(a: DelayedArm, state: dict) -> None:
     """Put a checkpoint's in-flight state (`state_dict`) back into a built arm."""
-    def dev(e: dict) -> dict:  # an RNG state stays on the CPU, where torch reads it
-        return {k: (v.to(a.device) if isinstance(v, torch.Tensor) else
-                    {n: t.to(a.device) for n, t in v.items()} if isinstance(v, dict) and k != "rng" else v)
-                for k, v in e.items()}
+    def dev(e: dict) -> dict:
+        return entry_to(e, a.device)
 
     def rebuilt(k: int, e: dict, before: dict) -> dict:
         """A kept graph again: the entry's forward run once more, on the same input and weights.

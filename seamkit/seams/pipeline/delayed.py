@@ -55,7 +55,14 @@ from seamkit.loop import BudgetLoop
 from seamkit.model import autocast, lm_loss
 from seamkit.optim import make_optimizer
 from seamkit.seams.arm import token_counts
-from seamkit.seams.delayed import graph_bytes, kept_forward, rng_of, under_rng
+from seamkit.seams.delayed import (
+    entry_to,
+    entry_to_cpu,
+    graph_bytes,
+    kept_forward,
+    rng_of,
+    under_rng,
+)
 from seamkit.seams.objectives import class_map, make_aux_heads
 from seamkit.seams.pipeline.plan import WIRE_DTYPES, Plan
 from seamkit.seams.pipeline.stage import (
@@ -87,7 +94,7 @@ class DelayedRun(RankRun):
         for v in self.mine[:-1]:  # a seam inside this rank: a detach, no rounding to the wire dtype
             self.segs[v].wire_dtype = self.dtype
         self.opt = make_optimizer(nn.ModuleList([self.segs[v] for v in self.mine]), tc)
-        self.heads, self.head_opt, self.classes, self.head_offsets, self.n_head_tensors = {}, None, None, {}, 0
+        self.classes, self.head_offsets, self.n_head_tensors = None, {}, 0
         if self.w > 0 and N > 1:  # one AuxHead per non-final segment, as one process makes them
             heads = make_aux_heads(m, N - 1, sc.aux_classes, tc.seed)
             at = 0
@@ -290,7 +297,7 @@ class DelayedRun(RankRun):
                 vec[2 * P + N + v] = s.bad
                 s.bad.zero_()
         self.wire.all_reduce(vec)  # one writer per slot, zeros elsewhere: exact
-        opts = [o for o in (self.opt, self.head_opt) if o is not None]
+        opts = self.opts()
         slots = vec[2 * P:2 * P + N].tolist()
         values = (slots[:-1] if self.n_head_tensors else []) + slots[-1:]
         bad = [k for k, b in enumerate(vec[2 * P + N:].tolist()) if b > 0]
@@ -318,21 +325,13 @@ class DelayedRun(RankRun):
 
     # -- the state in flight, for a checkpoint
 
-    def opts(self) -> list:
-        return [o for o in (self.opt, self.head_opt) if o is not None]
-
     def more_state(self) -> dict:
-        """The aux heads by segment index (one process's `heads[k]`), and what is in flight at this
-        step boundary: the stash (a kept graph rides as its input and weights), the inboxes, and
-        the gradients sent to the previous rank that it has not taken yet (the last d steps' sends:
-        the previous rank takes each d steps after it was sent, so on resume they are sent again)."""
-        def cpu(e: dict) -> dict:
-            return {k: (v.detach().cpu() if isinstance(v, torch.Tensor) else
-                        {n: t.detach().cpu() for n, t in v.items()} if isinstance(v, dict) else v)
-                    for k, v in e.items() if k not in ("out", "graph")}
-        return {"heads": {v: {k: t.detach().cpu() for k, t in h.state_dict().items()} for v, h in self.heads.items()},
-                "stash": {v: [cpu(e) for e in q] for v, q in self.stash.items()},
-                "inbox": {v: [cpu(e) for e in q] for v, q in self.inbox.items()},
+        """What is in flight at this step boundary: the stash (a kept graph rides as its input,
+        weights and RNG state), the inboxes, and the gradients sent to the previous rank that it
+        has not taken yet (the last d steps' sends: the previous rank takes each d steps after it
+        was sent, so on resume they are sent again)."""
+        return {"stash": {v: [entry_to_cpu(e) for e in q] for v, q in self.stash.items()},
+                "inbox": {v: [entry_to_cpu(e) for e in q] for v, q in self.inbox.items()},
                 "untaken": [t.cpu() for group in [*self.gwire.inflight, self.gwire.group] for _, t in group],
                 "counts": {"grads_received": self.grads_received, "grads_drained": self.grads_drained,
                            "peak_kept_bytes": self.peak_kept_bytes}}
@@ -343,15 +342,11 @@ class DelayedRun(RankRun):
         segment before on this rank where that is kept for the same batch, sharing its bytes as in
         an arm never stopped. The untaken gradients go out again, counted once (when first sent)."""
         dev = self.device
-        for v, h in self.heads.items():
-            h.load_state_dict(state["heads"][v])
         before = {}
         for v in self.mine:
             q = deque()
             for e in state["stash"][v]:
-                e = {k: (x.to(dev) if isinstance(x, torch.Tensor) else  # an RNG state stays on the CPU
-                         {n: t.to(dev) for n, t in x.items()} if isinstance(x, dict) and k != "rng" else x)
-                     for k, x in e.items()}
+                e = entry_to(e, dev)
                 if e["weights"] is not None:
                     inp = e["input"]
                     if v > 0:
@@ -365,8 +360,7 @@ class DelayedRun(RankRun):
                 q.append(e)
             self.stash[v] = q
             before = {e["batch"]: e["out"] for e in q if "out" in e}
-            self.inbox[v] = deque({k: (x.to(dev) if isinstance(x, torch.Tensor) else x) for k, x in e.items()}
-                                  for e in state["inbox"][v])
+            self.inbox[v] = deque(entry_to(e, dev) for e in state["inbox"][v])
         counts = state["counts"]
         self.grads_received, self.grads_drained, self.peak_kept_bytes = (
             counts["grads_received"], counts["grads_drained"], counts["peak_kept_bytes"])

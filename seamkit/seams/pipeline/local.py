@@ -70,7 +70,6 @@ class LocalRun(RankRun):
         # one AdamW for this rank's share of the GPT, one for its heads: AdamW (fused) is elementwise, so
         # a share of one process's optimizer updates it exactly as the whole one does
         self.opt = make_optimizer(nn.ModuleList([self.segs[v] for v in self.mine]), tc)
-        self.heads, self.head_opt, self.classes = {}, None, None
         self.objective = cfg.seams.objective
         if self.mine[0] < N - 1:  # a non-final segment here: private modules as one process makes them (k: segment k)
             heads = self._private_modules(N - 1)
@@ -173,7 +172,7 @@ class LocalRun(RankRun):
             inp = out.detach()  # the seam: no gradient reaches the segment before
         with self.compute:
             values = torch.stack(losses).tolist()
-            opts = [o for o in (self.opt, self.head_opt) if o is not None]
+            opts = self.opts()
             if all(math.isfinite(v) for v in values):
                 if self.cfg.train.grad_clip > 0:
                     for group in self.groups:
@@ -194,13 +193,3 @@ class LocalRun(RankRun):
             return lm_loss(self.heads[v](h_BTC, self.segs[v].ctx), self.classes[y_BT])
         return lm_loss(self.heads[v](h_BTC), y_BT)  # own_head: the next tokens over the vocabulary
 
-    def opts(self) -> list:
-        return [o for o in (self.opt, self.head_opt) if o is not None]
-
-    def more_state(self) -> dict:
-        """Its private modules by segment index (one process's `heads[k]`)."""
-        return {"heads": {v: {k: t.detach().cpu() for k, t in h.state_dict().items()} for v, h in self.heads.items()}}
-
-    def restore_more(self, state: dict) -> None:
-        for v, h in self.heads.items():
-            h.load_state_dict(state["heads"][v])

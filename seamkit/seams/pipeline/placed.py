@@ -128,9 +128,7 @@ def run_placed(arm: str, cfg: RunConfig, placement: Placement, devices: int, sen
             env[SAVES_ENV] = str(saves)
 
             def save():
-                _checkpoint(arm, cfg, placement, [torch.load(saves / f"{arm}-rank{r}.pt", map_location="cpu",
-                                                             weights_only=True) for r in range(plan.stages)],
-                            "running", checkpoint_path)
+                _checkpoint(arm, cfg, placement, _load_states(saves, arm, plan.stages), "running", checkpoint_path)
         relay = Relay(arm, plan.stages, turns, go, release, send, stop, save or (lambda: None))
         got = launch_arm(arm, plan, rundir, relay.event, pcfg.train.threads, timeout_s, str(rundir / "state"),
                           kind=placement.kind, env=env, tick=relay.tick)
@@ -143,9 +141,8 @@ def run_placed(arm: str, cfg: RunConfig, placement: Placement, devices: int, sen
             result.snapshots = [] if result.status == "interrupted" else \
                 merge_ranks(snapshot_dir, arm, [r.get("snapshots") or [] for r in ranks])
         if checkpoint_path is not None:
-            states = [torch.load(rundir / "state" / f"{arm}-rank{r}.pt", map_location="cpu", weights_only=True)
-                      for r in range(len(ranks))]
-            ref = _checkpoint(arm, cfg, placement, states, result.status, checkpoint_path)
+            ref = _checkpoint(arm, cfg, placement, _load_states(rundir / "state", arm, len(ranks)), result.status,
+                              checkpoint_path)
             result.checkpoint, result.checkpoint_path = ref, str(checkpoint_path)
         send({"kind": "end", "arm": arm, "status": result.status, "result": result})
         return result
@@ -169,6 +166,11 @@ def _checkpoint(arm: str, cfg: RunConfig, placement: Placement, states: list[dic
              "slices": states[0]["slices"]}
     ckpt_id = checkpoint.save(path, model, None, cfg, step=loop["steps"], data_state=states[0]["data"], extra=extra)
     return checkpoint.ref(path, ckpt_id)
+
+
+def _load_states(folder: Path, arm: str, world: int) -> list[dict]:
+    """Every rank's `RankRun.resume_state` as it left it in `folder` (`{arm}-rank{r}.pt`)."""
+    return [torch.load(folder / f"{arm}-rank{r}.pt", map_location="cpu", weights_only=True) for r in range(world)]
 
 
 def _check_resumable(ckpt: dict, placement: Placement, world: int) -> None:

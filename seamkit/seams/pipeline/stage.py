@@ -41,13 +41,13 @@ RESUME_ENV = "SEAMKIT_RESUME"  # a folder: every rank starts from its state `{ar
 # summed in an all_reduce where the other ranks add 0: GO must be 0)
 GO, STOP, INTERRUPT, PAUSE, FAILED = 0, 1, 2, 3, 4
 SAVE = 8  # added to GO or PAUSE: every rank leaves its state at this step boundary first
+SLOW_S = 0.2  # the "slow" fault: this much extra compute per step
+WHERE = {"arm": None, "step": None}  # what this rank is doing, for its error file if it raises
 
 
 def kind(word: int) -> int:
     """The word without its SAVE flag."""
     return word & ~SAVE
-SLOW_S = 0.2  # the "slow" fault: this much extra compute per step
-WHERE = {"arm": None, "step": None}  # what this rank is doing, for its error file if it raises
 
 
 class Segment(nn.Module):
@@ -153,6 +153,8 @@ class RankRun:
         # where each segment's tensors sit in the GPT's order (the clip's norm vector)
         self.offsets = {v: names.index(next(n for n, _ in s.named_parameters())) for v, s in self.segs.items()}
         del model
+        # the local and delayed arms' private modules by segment index, and their optimizer (set there)
+        self.heads, self.head_opt = {}, None
         self.loader = RowLoader(corpus, "train", cfg.data.batch, m.seq, tc.seed, device=device)
         ends = 0 in self.mine or self.rank == self.loss_rank
         # the held-out set every placement evaluates on; the middle ranks only count its batches
@@ -169,7 +171,6 @@ class RankRun:
         # periodic checkpoints: only between turns' pauses of a study, where the coordinator joins them
         saves = os.environ.get(SAVES_ENV)
         self.saves = Path(saves) if saves and cfg.train.checkpoint_every_s > 0 and self.turns.folder else None
-        self.next_save = cfg.train.checkpoint_every_s
         self.final_state = None  # the state the loop ended in (`resume_state`), kept by `train`
         resume = os.environ.get(RESUME_ENV)
         self.resume_from = torch.load(Path(resume) / f"{self.arm}-rank{rank}.pt", map_location="cpu",
@@ -327,14 +328,16 @@ class RankRun:
     # -- the rank's state: what a checkpoint keeps of it, so a resumed arm goes on where it was
 
     def opts(self) -> list:
-        """This rank's optimizers, in a fixed order (subclasses: the GPT's share, then the heads')."""
-        return [self.opt]
+        """This rank's optimizers, in a fixed order: the GPT's share, then the heads' where there are any."""
+        return [o for o in (self.opt, self.head_opt) if o is not None]
 
     def resume_state(self, loop: BudgetLoop) -> dict:
         """Everything this rank needs to go on after `loop.steps` steps as if never stopped (tensors
         on the CPU, plain data otherwise): its weights and optimizers, the data position, RNG, the
-        budget loop, the traffic and timers so far, its turns' slices and snapshots."""
+        budget loop, the traffic and timers so far, its turns' slices and snapshots, and its private
+        modules by segment index (one process's `heads[k]`)."""
         return {"stage": self.weights(), "optimizers": [o.state_dict() for o in self.opts()],
+                "heads": {v: {k: t.detach().cpu() for k, t in h.state_dict().items()} for v, h in self.heads.items()},
                 "data": self.loader.state_dict(), "rng": checkpoint.rng_state(), "loop": loop.state(),
                 "extra": dict(self.extra), "compute_s": self.compute.s, "wait_s": self.wait.s,
                 "traffic": {"bytes": list(self.tally.bytes.items()), "msgs": list(self.tally.msgs.items())},
@@ -355,6 +358,8 @@ class RankRun:
                                f"this arm {len(opts)}")
         for o, saved in zip(opts, state["optimizers"]):
             o.load_state_dict(saved)
+        for v, h in self.heads.items():
+            h.load_state_dict(state["heads"][v])
         self.loader.load_state_dict(state["data"])
         checkpoint.set_rng_state(state["rng"])
         self.extra.update(state["extra"])
