@@ -9,9 +9,13 @@ import sys as _sys
 # A run's thread count is chosen at its start from the load then (seamkit.threads); a browser
 # beside a notebook kernel wakes up later, while training runs. So: passive in an interactive
 # notebook kernel (the arms it spawns inherit it), OpenMP's default on the command line and in
-# headless runs (`seamkit reproduce` sets SEAMKIT_HEADLESS for its kernels). OpenMP reads this
-# once, when torch loads; every entry point imports seamkit first. A value the user set is kept.
-if "ipykernel" in _sys.modules and not _os.environ.get("SEAMKIT_HEADLESS"):
+# headless runs (`seamkit reproduce` and every sweep point set HEADLESS_ENV for their kernels).
+# OpenMP reads this once, when torch loads; every entry point imports seamkit first. A value the
+# user set is kept. Placement calibrations are keyed on the policy: a two-thread process waiting
+# passively runs about a third slower, so a speed measured under one policy does not stand for
+# the other (seamkit.seams.calibration).
+HEADLESS_ENV = "SEAMKIT_HEADLESS"
+if "ipykernel" in _sys.modules and not _os.environ.get(HEADLESS_ENV):
     _os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 __version__ = "0.1.0"

@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 from seamkit.config import SeamkitError
+from seamkit.threads import openmp_wait
 
 SCHEMA_VERSION = 1
 NUM = (int, float)
@@ -252,7 +253,7 @@ def git_commit() -> str:
 
 def machine() -> dict:
     info = {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
-            "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads()}
+            "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(), "openmp_wait": openmp_wait()}
     if torch.cuda.is_available():
         info["gpu"] = torch.cuda.get_device_name(0)
     return info

@@ -18,6 +18,7 @@ import sys
 import time
 from pathlib import Path
 
+from seamkit import HEADLESS_ENV
 from seamkit.config import SeamkitError, override
 from seamkit.config import preset as make_preset
 from seamkit.report import atomic_write_text, load_report
@@ -68,7 +69,8 @@ def run_notebook(src, dst, parameters: dict, cwd=None, echo: bool = False) -> Pa
     if not src.exists():
         raise NotebookError(f"{src}: no such notebook (reproduce runs the notebooks of a seamkit source checkout)")
     dst.parent.mkdir(parents=True, exist_ok=True)
-    os.environ.setdefault("SEAMKIT_HEADLESS", "1")  # the kernel keeps OpenMP's default waiting (seamkit/__init__.py)
+    before = os.environ.get(HEADLESS_ENV)
+    os.environ[HEADLESS_ENV] = "1"  # the kernel keeps OpenMP's default waiting (seamkit/__init__.py)
     try:
         pm.execute_notebook(str(src), str(dst), parameters=parameters, cwd=str(cwd) if cwd else None,
                             progress_bar=False, log_output=echo, stdout_file=sys.stdout if echo else None,
@@ -76,6 +78,11 @@ def run_notebook(src, dst, parameters: dict, cwd=None, echo: bool = False) -> Pa
     except PapermillExecutionError as e:
         raise NotebookError(f"{failure_line(src, e.source, e.cell_index, e.ename, e.evalue)} "
                             f"(executed notebook: {dst})") from None
+    finally:  # this process's environment as it was: the kernel had its copy at start
+        if before is None:
+            os.environ.pop(HEADLESS_ENV, None)
+        else:
+            os.environ[HEADLESS_ENV] = before
     return dst
 
 

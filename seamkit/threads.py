@@ -72,6 +72,15 @@ def auto_threads(cores: int | None = None, others: float | None = None) -> int:
     return max(1, cores - int(others + (1 - BUSY_CORE)))
 
 
+def openmp_wait() -> str:
+    """How idle OpenMP threads wait in this process and those it starts: OMP_WAIT_POLICY
+    (`passive`, `active`) where set, else `default` (libgomp spins a while, then sleeps), with
+    GOMP_SPINCOUNT where set. OpenMP reads both once, when torch loads (seamkit/__init__.py)."""
+    policy = os.environ.get("OMP_WAIT_POLICY", "").strip().lower() or "default"
+    spin = os.environ.get("GOMP_SPINCOUNT", "").strip()
+    return f"{policy}, spincount {spin}" if spin else policy
+
+
 ENV = "SEAMKIT_THREADS"  # a default thread count for every entry point (the tests set 1)
 
 

@@ -143,6 +143,30 @@ def test_a_committed_calibration_counts_only_for_its_machine_and_config(tmp_path
     assert K.committed(cfg, 2, path) is None  # another machine
 
 
+def test_a_committed_calibration_counts_only_under_its_openmp_wait_policy(tmp_path, monkeypatch):
+    # a notebook kernel waits passively, which slows a two-thread single and not a one-thread rank:
+    # the command line's speeds must not choose its placements
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    monkeypatch.delenv("GOMP_SPINCOUNT", raising=False)
+    cfg, path = tiny(), tmp_path / "placement.json"
+    speeds = {"e2e": {"single": 2.0, "dp": 1.0}, "local": {"single": 1.0, "stages": 3.0}}
+    entry = {"machine": K.machine_key(), "speed_key": K.speed_key(cfg, 2), "tokens_per_s": speeds}
+    assert entry["machine"]["openmp_wait"] == "default"
+    path.write_text(json.dumps({"entries": [entry]}))
+    assert K.committed(cfg, 2, path) is not None
+    monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")
+    assert K.machine_key()["openmp_wait"] == "passive"
+    assert K.committed(cfg, 2, path) is None
+    # an entry from before the policy was recorded was measured from a shell: default waiting
+    old = {**entry, "machine": {k: v for k, v in entry["machine"].items() if k != "openmp_wait"}}
+    path.write_text(json.dumps({"entries": [old]}))
+    assert K.committed(cfg, 2, path) is None
+    monkeypatch.delenv("OMP_WAIT_POLICY")
+    assert K.committed(cfg, 2, path) is not None
+    monkeypatch.setenv("GOMP_SPINCOUNT", "10000")
+    assert K.committed(cfg, 2, path) is None
+
+
 def test_best_gives_each_arm_its_fastest_candidate(monkeypatch):
     seen = {}
 

@@ -69,7 +69,10 @@ def test_emitted_commands_are_self_contained_papermill_runs(emitted):
         params = nb["metadata"]["papermill"]["parameters"]
         assert params["seed"] == p["seed"] and params["seams"] == p["grid"]["seams"]
         assert params["out_dir"] == str(folder) and params["interactive"] is False
-        assert load_report(folder / "seams.json", "seams")["seed"] == p["seed"]
+        report = load_report(folder / "seams.json", "seams")
+        assert report["seed"] == p["seed"]
+        # headless: the kernel (an ipykernel, which alone would wait passively) keeps OpenMP's default
+        assert report["machine"]["openmp_wait"] == "default"
     assert sweep["status"] == "complete" and sweep["counts"] == {"complete": 4, "failed": 0, "interrupted": 0,
                                                                 "pending": 0}
     assert sorted(p.name for p in (out / "figures").glob("*.html")) == [
@@ -226,6 +229,7 @@ def test_failed_point_is_recorded_and_the_others_complete(emitted, tmp_path):
     assert "ConfigError" in bad["error"] and "99" in bad["error"] and "01_seams.ipynb cell" in bad["error"]
     assert good["status"] == "complete" and sweep["counts"] == {"complete": 1, "failed": 1, "interrupted": 0,
                                                                 "pending": 0}
+    assert load_report(d / good["dir"] / "seams.json", "seams")["machine"]["openmp_wait"] == "default"
     # the direct runner ran the same point as the emitted command: the same losses, bit for bit
     twin = next(p for p in collected["points"] if p["id"] == "seams=1__seed=0")
     for k in ("e2e_final_loss", "local_final_loss", "loss_gap"):

@@ -8,6 +8,13 @@ per-step times. The seconds the whole calibration took are in the report.
 `seams.calibration`: `run` measures now; `bench` reads a committed `bench/results/placement.json`
 (written by `bench/placement.py`) whose machine and config match this run, and refuses one that
 does not; `auto` (the default) reads a matching one where there is one and measures otherwise.
+
+A committed speed stands for this run only when it was measured under the same conditions: the
+same CPU, cores, torch and OpenMP wait policy (`machine_key`). The policy matters most: an
+interactive notebook kernel waits passively (seamkit/__init__.py), which costs a two-thread
+`single` about a third of its speed and a one-thread rank nothing, so a choice made from the
+command line's speeds would put an arm on its slower placement there. Entries written before the
+policy was recorded were measured from a shell with OpenMP's default waiting.
 """
 
 from __future__ import annotations
@@ -25,7 +32,7 @@ from seamkit.config import ConfigError, RunConfig, override
 from seamkit.seams.pipeline.placed import run_placed
 from seamkit.seams.placement import Placement, arm_config
 from seamkit.seams.processes import run_arm_isolated
-from seamkit.threads import usable_cores
+from seamkit.threads import openmp_wait, usable_cores
 
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "results" / "placement.json"
 # the config fields a candidate's speed depends on (not the seed, budget or learning rate)
@@ -43,7 +50,7 @@ def machine_key() -> dict:
                 break
     except OSError:
         pass
-    key = {"cpu": cpu, "cores": usable_cores(), "torch": torch.__version__.split("+")[0]}
+    key = {"cpu": cpu, "cores": usable_cores(), "torch": torch.__version__.split("+")[0], "openmp_wait": openmp_wait()}
     if torch.cuda.is_available():
         key["gpu"] = torch.cuda.get_device_name(0)
     return key
@@ -109,7 +116,7 @@ def committed(cfg: RunConfig, devices: int, path: Path = BENCH) -> dict | None:
         return None
     want, key = machine_key(), speed_key(cfg, devices)
     for entry in table.get("entries", []):
-        if entry.get("machine") == want and entry.get("speed_key") == key:
+        if {"openmp_wait": "default", **entry.get("machine", {})} == want and entry.get("speed_key") == key:
             return {"tokens_per_s": entry["tokens_per_s"], "seconds": 0.0, "steps": entry.get("steps"),
                     "source": f"bench/results/placement.json ({entry.get('rounds', 1)} rounds, commit "
                               f"{entry.get('git_commit', 'unknown')})", "spread": entry.get("spread")}

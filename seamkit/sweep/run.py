@@ -34,6 +34,7 @@ from seamkit.report import ReportError, atomic_write_text, load_report, write_js
 from seamkit.reproduce import NOTEBOOKS, failure_line, write_figures
 from seamkit.sweep.plan import (
     IGNORED,
+    POINT_ENV,
     ROOT,
     STUDIES,
     SweepError,
@@ -185,11 +186,11 @@ class _Running:
         self.log_path = folder / "point.log"
         self.log = open(self.log_path, "wb")
         self.t0 = time.monotonic()
-        # unbuffered: point.log follows the point as it runs (a log file would otherwise fill at the end);
-        # MARKER: every process of the point (papermill, kernel, arms) carries it, so none escapes a stop
+        # POINT_ENV: unbuffered and headless (plan.py); MARKER: every process of the point (papermill,
+        # kernel, arms) carries it, so none escapes a stop
         self.proc = subprocess.Popen(papermill_argv(point, self.partial), cwd=ROOT, stdout=self.log,
                                      stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
-                                     env={**os.environ, "PYTHONUNBUFFERED": "1", MARKER: str(folder)})
+                                     env={**os.environ, **POINT_ENV, MARKER: str(folder)})
 
     def last_line(self) -> str:
         try:
