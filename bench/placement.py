@@ -27,7 +27,6 @@ import argparse
 import datetime
 import json
 import shlex
-import statistics
 import sys
 
 from seams import busy_neighbour
@@ -44,7 +43,7 @@ BUSY_TARGET = 0.10  # busy over quiet of local_over_best_e2e stays within this o
 def _measure(cfg, devices: int, arm: str, p, busy: bool) -> float | None:
     hog = busy_neighbour() if busy else None
     try:
-        return K.measure(cfg, devices, {arm: [p]})["tokens_per_s"][arm][p.name]
+        return K.measure(cfg, devices, {arm: [p]}, rounds=1)["tokens_per_s"][arm][p.name]
     finally:
         if hog is not None:
             hog.kill()
@@ -55,16 +54,6 @@ def _ratio(round_values: dict) -> float | None:
     """local at its best over e2e at its best, in one round."""
     best = {arm: max((v for v in vs.values() if v is not None), default=None) for arm, vs in round_values.items()}
     return best["local"] / best["e2e"] if best.get("local") and best.get("e2e") else None
-
-
-def _medians(values: dict) -> dict:
-    return {arm: {n: statistics.median(v) if v and all(x is not None for x in v) else None for n, v in vs.items()}
-            for arm, vs in values.items()}
-
-
-def _spread(values: dict) -> dict:
-    return {arm: {n: {"values": v, "min": min(v), "max": max(v)} if v and all(x is not None for x in v) else None
-                  for n, v in vs.items()} for arm, vs in values.items()}
 
 
 def main(argv=None) -> int:
@@ -98,12 +87,12 @@ def main(argv=None) -> int:
                 this[side][arm][p.name] = v
         for side in sides:
             ratios[side].append(_ratio(this[side]))
-    med = _medians(values["quiet"])
+    med = K.medians(values["quiet"])
     ratio = {side: {"rounds": ratios[side], **(stats(ratios[side]) or {})} for side in sides}
     entry = {
         "machine": K.machine_key(), "speed_key": K.speed_key(cfg, args.devices), "devices": args.devices,
         "preset": args.preset, "overrides": args.overrides, "steps": cfg.seams.calibrate_steps,
-        "rounds": args.rounds, "tokens_per_s": med, "spread": _spread(values["quiet"]),
+        "rounds": args.rounds, "tokens_per_s": med, "spread": K.spread(values["quiet"]),
         "fastest": {arm: K.fastest(m) for arm, m in med.items()},
         "local_over_best_e2e": ratio["quiet"],
         "seconds": (datetime.datetime.now(datetime.timezone.utc) - t0).total_seconds(), "git_commit": git_commit(),
@@ -113,10 +102,10 @@ def main(argv=None) -> int:
     if args.busy:
         q, b = ratio["quiet"].get("mean"), ratio["busy"].get("mean")
         over = b / q if q and b else None
-        busy_med = _medians(values["busy"])
+        busy_med = K.medians(values["busy"])
         entry["busy"] = {
             "neighbour": "one CPU-bound Python process beside each run, in quiet/busy pairs",
-            "tokens_per_s": busy_med, "spread": _spread(values["busy"]),
+            "tokens_per_s": busy_med, "spread": K.spread(values["busy"]),
             "fastest": {arm: K.fastest(m) for arm, m in busy_med.items()},
             "local_over_best_e2e": ratio["busy"], "busy_over_quiet": over,
             "target": f"busy over quiet within {BUSY_TARGET:.0%} of 1",
@@ -130,7 +119,7 @@ def main(argv=None) -> int:
                         if not (e["machine"] == entry["machine"] and e["speed_key"] == entry["speed_key"])] + [entry]
     write_json(args.out, table)
     for side in sides:
-        m = _medians(values[side])
+        m = K.medians(values[side])
         for arm, vs in m.items():
             print(f"{side} {arm}: " + ", ".join(f"{n} {'-' if v is None else f'{v:,.0f}'}" for n, v in vs.items())
                   + f" tok/s; fastest {K.fastest(vs)}")

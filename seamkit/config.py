@@ -179,6 +179,7 @@ class SeamsConfig:
     placement: str = "best"  # best: each arm its fastest placement here; or e2e=single|dp|pipe:SCHEDULE:M,local=single|stages
     calibration: str = "auto"  # placement=best: auto (a committed bench result of this machine, else run), run, bench
     calibrate_steps: int = ranged(12, ge=4)  # calibration: steps per candidate (the first quarter is warm-up)
+    calibrate_rounds: int = ranged(2, ge=1)  # calibration: runs per candidate, order reversed each round; the median
     delay: int = ranged(1, ge=0)  # delayed arm: steps an output-gradient takes to cross each seam backwards
     weight_stashing: bool = True  # delayed arm: backward under the weights batch t's forward used (else the current ones)
     local_weight: float = ranged(0.0, ge=0)  # delayed arm: weight of each segment's aux_head loss gradient; 0: none

@@ -16,7 +16,7 @@ import torch
 from torch.distributed.pipelining import schedules
 
 from seamkit import cli
-from seamkit.config import preset
+from seamkit.config import override, preset
 from seamkit.forecast import (
     ForecastError,
     Link,
@@ -208,6 +208,40 @@ def test_bad_cli_inputs_give_one_line(tmp_path, capsys, args, says):
     assert rc == 2
     assert len(err.splitlines()) == 1 and says in err and err.startswith("seamkit forecast: error:")
     assert not out.parent.exists()
+
+
+@pytest.mark.parametrize("clip", [1.0, 0.0])
+def test_the_update_is_timed_as_every_step_runs_it(clip, monkeypatch):
+    """optimizer_s is the clip (where train.grad_clip > 0), the AdamW step and zero_grad."""
+    from seamkit.forecast import costs as FC
+    cfg = override(preset("tiny"), {"train.grad_clip": clip})
+    module = torch.nn.Linear(4, 3)
+    seen = {"clip": 0, "step": 0}
+    real_clip = torch.nn.utils.clip_grad_norm_
+
+    def clip_spy(params, max_norm, *a, **kw):
+        params = list(params)
+        assert max_norm == clip and all(p.grad is not None for p in params)
+        assert {id(p) for p in params} == {id(p) for p in module.parameters()}
+        seen["clip"] += 1
+        return real_clip(params, max_norm, *a, **kw)
+    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", clip_spy)
+    real_make = FC.make_optimizer
+
+    def make_spy(mod, tc):
+        opt = real_make(mod, tc)
+        step = opt.step
+
+        def counted():
+            assert all(p.grad is not None for p in mod.parameters())  # refilled before every update
+            seen["step"] += 1
+            return step()
+        opt.step = counted
+        return opt
+    monkeypatch.setattr(FC, "make_optimizer", make_spy)
+    assert FC._time_update(module, cfg, torch.device("cpu"), repeats=3) > 0
+    assert seen == {"clip": 4 if clip else 0, "step": 4}  # one untimed, then the timed ones
+    assert all(p.grad is None for p in module.parameters())  # zero_grad(set_to_none) ran last
 
 
 def test_measured_costs_have_every_part_positive(tmp_path):

@@ -167,6 +167,31 @@ def test_a_committed_calibration_counts_only_under_its_openmp_wait_policy(tmp_pa
     assert K.committed(cfg, 2, path) is None
 
 
+def test_calibration_runs_every_candidate_each_round_and_counts_the_median(monkeypatch):
+    # three rounds; the second runs the candidates in reverse; a drift that slows one round
+    # (the second, here) moves no candidate's median
+    speeds = {("e2e", "single"): [10.0, 2.0, 12.0], ("e2e", "dp"): [11.0, 1.0, 11.0],
+              ("local", "single"): [5.0, 5.0, 9.0], ("local", "stages"): [8.0, 0.5, 8.0]}
+    ran, per_step = [], tiny().data.batch * tiny().model.seq
+
+    def run(arm, name):  # 8 steps, the last 6 (after the warm-up quarter) at the planned speed
+        ran.append((arm, name))
+        v = speeds[(arm, name)][(sum(1 for r in ran if r == (arm, name)) - 1) % 3]
+        return _result(8, 6 * per_step / v, [0.0] * 8)
+    monkeypatch.setattr(K, "run_arm_isolated", lambda arm, cfg: (run(arm, "single"), False))
+    monkeypatch.setattr(K, "run_placed", lambda arm, cfg, p, devices, send: run(arm, p.name))
+    cands = {"e2e": [P.Placement("single"), P.Placement("dp")], "local": [P.Placement("single"), P.Placement("stages")]}
+    got = K.measure(tiny(), 2, cands, rounds=3)
+    order = [("e2e", "single"), ("e2e", "dp"), ("local", "single"), ("local", "stages")]
+    assert ran == order + order[::-1] + order
+    assert got["tokens_per_s"] == {"e2e": {"single": 10.0, "dp": 11.0}, "local": {"single": 5.0, "stages": 8.0}}
+    assert got["spread"]["e2e"]["dp"] == {"values": [11.0, 1.0, 11.0], "min": 1.0, "max": 11.0}
+    assert got["rounds"] == 3 and "3 rounds" in got["source"]
+    assert K.fastest(got["tokens_per_s"]["e2e"]) == "dp" and K.fastest(got["tokens_per_s"]["local"]) == "stages"
+    ran.clear()
+    assert K.measure(tiny(), 2, cands)["rounds"] == tiny().seams.calibrate_rounds == 2 and len(ran) == 8
+
+
 def test_best_gives_each_arm_its_fastest_candidate(monkeypatch):
     seen = {}
 

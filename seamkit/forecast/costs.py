@@ -14,8 +14,9 @@ from a GPT of the run's config exactly as a pipeline rank cuts it:
   local_backward_s (the weights' gradient with the input detached, as the local arm runs it).
 Each figure is the mean of `repeats` timed runs after one untimed one (a run's speed is set by
 its mean step, the machine's interruptions included, which the median of a few short timings
-leaves out); FLOPs of every part are counted beside it with `seamkit.costs.count_flops`. Optimizer steps (fused AdamW) are timed
-per segment shape and per aux head. `runtime` holds what torch's pipelining runtime costs beyond
+leaves out); FLOPs of every part are counted beside it with `seamkit.costs.count_flops`. The update
+(`optimizer_s`: the global-norm clip, the fused AdamW step and zero_grad, as every placement's
+step runs them; before version 3 the AdamW step alone) is timed per segment shape and per aux head. `runtime` holds what torch's pipelining runtime costs beyond
 that compute (`measure_runtime`: a per-action overhead and a per-P2P-op cost). The table is JSON, labelled with the machine, the device,
 the threads and the torch version it was measured with (`save_costs`, `load_costs`).
 
@@ -56,7 +57,7 @@ from seamkit.seams.pipeline.plan import WIRE_DTYPES
 from seamkit.seams.pipeline.stage import Segment
 
 COSTS_KIND = "seamkit-forecast-costs"
-COSTS_VERSION = 2  # 2: I and W timed through torch's own split; the runtime block
+COSTS_VERSION = 3  # 2: I and W timed through torch's own split; the runtime block. 3: the update's clip and zero_grad
 PARTS = ("forward_s", "backward_s", "backward_input_s", "backward_weight_s")
 LOCAL_PARTS = ("aux_s", "local_backward_s")
 RUNTIME_PARTS = ("action_s", "p2p_op_s")  # runtime.py: seconds a compute action, a P2P op
@@ -177,15 +178,27 @@ def _measure_segment(model: GPT, cfg: RunConfig, seg: str, full_rows: int, local
     return out
 
 
-def _time_optimizer(module: torch.nn.Module, cfg: RunConfig, device, repeats: int) -> float:
+def _time_update(module: torch.nn.Module, cfg: RunConfig, device, repeats: int) -> float:
+    """Seconds of one update of `module`'s weights as every placement's step runs it: the
+    global-norm clip (where train.grad_clip > 0), the AdamW step, and zero_grad(set_to_none).
+    The gradients are filled again outside the timing (a clip of zeros does all its work: the
+    norms, then every gradient scaled by min(1, clip / norm))."""
     opt = make_optimizer(module, cfg.train)
-    for p in module.parameters():
-        p.grad = torch.zeros_like(p)
+    params = list(module.parameters())
+    clip = cfg.train.grad_clip
+
+    def update():
+        if clip > 0:
+            torch.nn.utils.clip_grad_norm_(params, clip)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
     clock = _Clock(device)
-    samples = [clock(opt.step)[0] for _ in range(repeats + 1)][1:]
-    for p in module.parameters():
-        p.grad = None
-    return statistics.fmean(samples)
+    samples = []
+    for _ in range(repeats + 1):
+        for p in params:
+            p.grad = torch.zeros_like(p)
+        samples.append(clock(update)[0])
+    return statistics.fmean(samples[1:])
 
 
 def _measure_table(model: GPT, cfg: RunConfig, segs: set, local: set, device, repeats: int, classes: int,
@@ -200,10 +213,10 @@ def _measure_table(model: GPT, cfg: RunConfig, segs: set, local: set, device, re
     wire = WIRE_DTYPES["float64" if cfg.train.dtype == "float64" else "float32"]
     for seg in sorted({s for s, _ in segs | local}):
         blocks, first, last = _blocks(seg, m.n_blocks)
-        optimizer[seg] = _time_optimizer(Segment(model, blocks, first, last, device, dtype, wire, cfg.train.dtype),
-                                         cfg, device, repeats)
+        optimizer[seg] = _time_update(Segment(model, blocks, first, last, device, dtype, wire, cfg.train.dtype),
+                                      cfg, device, repeats)
     head = AuxHead(m.dim, classes, m.norm_eps).to(device=device, dtype=dtype)
-    return {"segments": entries, "optimizer_s": optimizer, "aux_optimizer_s": _time_optimizer(head, cfg, device, repeats)}
+    return {"segments": entries, "optimizer_s": optimizer, "aux_optimizer_s": _time_update(head, cfg, device, repeats)}
 
 
 def usable_cores() -> int:

@@ -3,7 +3,10 @@
 Each candidate (`placement.candidates`) trains `seams.calibrate_steps` steps alone, in processes
 of its own (as the study runs it), outside every arm's budget; its speed is taken over the steps
 after the first quarter (warm-up: allocations, the first pipeline fill), from the loss curve's
-per-step times. The seconds the whole calibration took are in the report.
+per-step times. Every candidate runs `seams.calibrate_rounds` times (the order reversed every
+other round) and counts at its median: this machine's speed drifts by 10-20% between minutes,
+and candidates within that of each other are otherwise ranked by the drift. The seconds the whole
+calibration took, and every run's speed, are in the report.
 
 `seams.calibration`: `run` measures now; `bench` reads a committed `bench/results/placement.json`
 (written by `bench/placement.py`) whose machine and config match this run, and refuses one that
@@ -23,6 +26,7 @@ import hashlib
 import json
 import math
 import platform
+import statistics
 import time
 from pathlib import Path
 
@@ -88,24 +92,43 @@ def steady_tokens_per_s(result, tokens_per_step: int) -> float | None:
     return (result.steps - w) * tokens_per_step / (result.elapsed_s - t_w)
 
 
-def measure(cfg: RunConfig, devices: int, candidates: dict[str, list[Placement]], progress=None) -> dict:
-    """Run every candidate once, one after the other; {arm: {placement name: tokens/s}} and the seconds taken."""
+def medians(values: dict) -> dict:
+    """{arm: {candidate: the median of its speeds}} (None where any run gave none)."""
+    return {arm: {n: statistics.median(v) if v and all(x is not None for x in v) else None for n, v in vs.items()}
+            for arm, vs in values.items()}
+
+
+def spread(values: dict) -> dict:
+    """{arm: {candidate: {values, min, max}}} of every run's speed (None where any run gave none)."""
+    return {arm: {n: {"values": v, "min": min(v), "max": max(v)} if v and all(x is not None for x in v) else None
+                  for n, v in vs.items()} for arm, vs in values.items()}
+
+
+def measure(cfg: RunConfig, devices: int, candidates: dict[str, list[Placement]], progress=None,
+            rounds: int | None = None) -> dict:
+    """Every candidate `rounds` times (`seams.calibrate_rounds`), one after the other, the order
+    reversed every other round so a drift of the machine reaches all alike; {arm: {placement name:
+    the median tokens/s}}, each run's speed (`spread`) and the seconds taken."""
+    rounds = rounds or cfg.seams.calibrate_rounds
     short = short_config(cfg)
     per_step = cfg.data.batch * cfg.model.seq
-    todo = [(arm, p) for arm, ps in candidates.items() for p in ps]
-    out, t0 = {arm: {} for arm in candidates}, time.perf_counter()
-    for i, (arm, p) in enumerate(todo):
-        if progress is not None:
-            progress({"kind": "calibration", "arm": arm, "placement": p.name, "index": i, "of": len(todo)})
-        if p.kind == "single":
-            result, interrupted = run_arm_isolated(arm, arm_config(short, p, devices))
-            if interrupted:
-                raise KeyboardInterrupt
-        else:
-            result = run_placed(arm, short, p, devices, send=lambda e: None)
-        out[arm][p.name] = steady_tokens_per_s(result, per_step)
-    return {"tokens_per_s": out, "seconds": time.perf_counter() - t0, "source": "measured in this run",
-            "steps": cfg.seams.calibrate_steps}
+    order = [(arm, p) for arm, ps in candidates.items() for p in ps]
+    runs, t0 = {arm: {p.name: [] for p in ps} for arm, ps in candidates.items()}, time.perf_counter()
+    for r in range(rounds):
+        for i, (arm, p) in enumerate(order if r % 2 == 0 else order[::-1]):
+            if progress is not None:
+                progress({"kind": "calibration", "arm": arm, "placement": p.name, "index": r * len(order) + i,
+                          "of": rounds * len(order)})
+            if p.kind == "single":
+                result, interrupted = run_arm_isolated(arm, arm_config(short, p, devices))
+                if interrupted:
+                    raise KeyboardInterrupt
+            else:
+                result = run_placed(arm, short, p, devices, send=lambda e: None)
+            runs[arm][p.name].append(steady_tokens_per_s(result, per_step))
+    return {"tokens_per_s": medians(runs), "spread": spread(runs), "seconds": time.perf_counter() - t0,
+            "source": f"measured in this run ({rounds} round{'s' if rounds > 1 else ''}, the median)",
+            "steps": cfg.seams.calibrate_steps, "rounds": rounds}
 
 
 def committed(cfg: RunConfig, devices: int, path: Path = BENCH) -> dict | None:
