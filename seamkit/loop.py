@@ -90,6 +90,11 @@ class Clock:
         finally:
             self.off += time.perf_counter() - t
 
+    def count(self, seconds: float) -> None:
+        """Count `seconds` of a pause as training time after all (a rank that stopped while the
+        rest of its arm computed on: `seams.turns.RankTurns.pause`)."""
+        self.off -= seconds
+
 
 class CurveMarks:
     """When loss_curve points are due (see the module docstring)."""

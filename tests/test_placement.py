@@ -112,6 +112,49 @@ def test_the_turn_goes_on_only_once_every_rank_has_paused(tmp_path):
     assert (tmp_path / "go-1").exists() and [e["kind"] for e in sent] == ["_ready", "start"]
 
 
+def test_the_go_file_says_when_the_arms_last_rank_stopped(tmp_path):
+    """The coordinator writes the latest of the ranks' stop times into the next turn's go file,
+    for a checkpoint-only pause as for a handed-on turn. Planted fault this catches: the first
+    rank's time, or none (rank 0's clock would not count the steps the last stage still ran)."""
+    go = _Go()
+    go.on = True
+    relay = Relay("local", 3, tmp_path, go, lambda: None, lambda e: None, lambda: False)
+    for rank, t in ((1, 105.5), (0, 100.0), (2, 103.25)):
+        relay.event({"kind": "_paused", "turn": 1, "rank": rank, "stopped_at": t})
+    relay.tick([])
+    assert float((tmp_path / "go-1").read_text()) == 105.5
+    for rank, t in ((0, 200.0), (1, 201.0), (2, 202.0)):
+        relay.event({"kind": "_paused", "turn": 2, "rank": rank, "stopped_at": t, "hand_on": False, "saved": True})
+    assert float((tmp_path / "go-2").read_text()) == 202.0
+
+
+def test_a_rank_that_stopped_before_the_last_one_counts_the_difference(tmp_path):
+    """Rank 0 pauses at its step boundary while a downstream stage still works through the steps
+    in flight: its clock counts up to when the last rank stopped (the go file's time), not the
+    wait after it. Planted faults this catches: the difference not counted (rank 0 spends its
+    budget while the last stage runs on), or the whole wait counted."""
+    import threading
+
+    from seamkit.loop import Clock
+    from seamkit.seams import turns as T
+    rt = T.RankTurns(tmp_path, 0, 1.0, 10, lambda e: None)
+    clock = Clock()
+    rt._start(clock.elapsed(), 0)
+    stopped = time.monotonic()
+    before = clock.elapsed()
+    threading.Timer(0.6, lambda: T.give_turn(tmp_path, 1, stopped + 0.25)).start()  # the last rank: 0.25 s later
+    rt.pause(clock, 4, stopped_at=stopped)
+    counted = clock.elapsed() - before
+    assert 0.25 <= counted < 0.5  # the 0.25 s the arm still computed; not the 0.6 s wait
+    (s,) = rt.slices
+    assert s["steps"] == 4 and s["seconds"] >= before + 0.25 and s["wall_end"] == stopped + 0.25
+    # a go file without a time (the first turn, or a halt) counts nothing
+    before = clock.elapsed()
+    threading.Timer(0.3, lambda: T.give_turn(tmp_path, 2)).start()
+    rt.pause(clock, 5)
+    assert clock.elapsed() - before < 0.2
+
+
 # ----------------------------------------------------------------------------- calibration
 
 def _result(steps, elapsed, times):

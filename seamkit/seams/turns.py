@@ -10,7 +10,13 @@ machine does lands on every arm alike (`seams.processes` hands the turns out).
   stages). All its ranks pause at the same step boundary: rank 0 decides (`due`) and says so in
   the message its run sends every step anyway, then each rank reports a `_paused` event and
   waits, clock paused, until the arm's coordinator leaves `go-<n>` in the turns folder (or
-  `halt`, when the study stops). A paused rank sleeps on a pipe the coordinator writes to, not
+  `halt`, when the study stops). The arm's turn lasts until its last rank stopped computing:
+  ranks downstream of rank 0 still work through the steps in flight (local and delayed stages
+  keep up to `queue` of them) after rank 0 has paused. Each rank reports when it stopped, the
+  coordinator writes the latest of those times into `go-<n>`, and every rank counts the time from
+  its own stop to that one as training time. So every rank's clock, and rank 0's budget and slice
+  decisions with it, count the whole turn the arm held the machine for; otherwise rank 0 would
+  spend its budget while the last stage ran on past it, by up to `queue` steps a turn. A paused rank sleeps on a pipe the coordinator writes to, not
   polling, so the arm holding the turn trains beside no wake-ups of the others. The coordinator hands the turn back only once every rank has
   paused, so no rank of one arm computes during another arm's turn. A periodic checkpoint is a
   pause too: every rank leaves its state at that boundary, and the coordinator joins the states
@@ -43,11 +49,11 @@ class _Slices:
     def _start(self, t: float, steps: int) -> None:
         self.t0, self.steps0, self.wall0 = t, steps, time.monotonic()
 
-    def _record(self, steps: int, t: float) -> None:
+    def _record(self, steps: int, t: float, wall_end: float | None = None) -> None:
         if steps > self.steps0 and t > self.t0:
             self.slices.append({"steps": steps - self.steps0, "seconds": t - self.t0,
                                 "tokens_per_s": (steps - self.steps0) * self.per_step / (t - self.t0),
-                                "wall_start": self.wall0, "wall_end": time.monotonic()})
+                                "wall_start": self.wall0, "wall_end": time.monotonic() if wall_end is None else wall_end})
 
 
 class Turns(_Slices):
@@ -117,19 +123,25 @@ class RankTurns(_Slices):
         """Rank 0, after `steps` steps: this turn's slice is used up (a turn runs at least one step)."""
         return self.folder is not None and steps > self.steps0 and clock.elapsed() - self.t0 >= self.slice_s
 
-    def pause(self, clock: Clock, steps: int, hand_on: bool = True, saved: bool = False) -> None:
+    def pause(self, clock: Clock, steps: int, hand_on: bool = True, saved: bool = False,
+              stopped_at: float | None = None) -> None:
         """Every rank, at the step boundary rank 0 named: hand the turn on and wait for the next.
         `saved`: every rank left its state for a checkpoint first; `hand_on=False`: a pause only
-        for the coordinator to join those states, after which the same turn goes on."""
+        for the coordinator to join those states, after which the same turn goes on.
+        `stopped_at`: when this rank's computing stopped (time.monotonic(); default now). The time
+        from there to the arm's last rank stopping counts on this rank's clock (module docstring)."""
         if self.folder is None:
             return
+        stopped_at = time.monotonic() if stopped_at is None else stopped_at
         with clock.paused():
-            if hand_on:
-                self._record(steps, clock.elapsed())
             self.n += 1
-            self.emit({"kind": "_paused", "turn": self.n, "rank": self.rank, "hand_on": hand_on, "saved": saved})
-            self._wait(self.n)
+            self.emit({"kind": "_paused", "turn": self.n, "rank": self.rank, "hand_on": hand_on, "saved": saved,
+                       "stopped_at": stopped_at})
+            last = self._wait(self.n)
+        if last is not None:
+            clock.count(max(0.0, last - stopped_at))
         if hand_on:
+            self._record(steps, clock.elapsed(), wall_end=max(stopped_at, last or 0.0))
             self._start(clock.elapsed(), steps)
 
     def finish(self, steps: int, elapsed_s: float) -> None:
@@ -140,14 +152,21 @@ class RankTurns(_Slices):
             self._record(steps, elapsed_s)
             self.emit({"kind": "_trained", "rank": self.rank})
 
-    def _wait(self, n: int) -> None:
+    def _wait(self, n: int) -> float | None:
         """Until `go-n` or `halt` is in the folder: asleep on the wake pipe, which the coordinator
-        writes to after leaving either (and at least every WAKE_S, should a byte go astray)."""
+        writes to after leaving either (and at least every WAKE_S, should a byte go astray).
+        Returns when the arm's last rank stopped computing before this turn, as `go-n` says (None:
+        halted, the first turn, or a coordinator that did not say)."""
         go, halt = self.folder / f"go-{n}", self.folder / "halt"
         while not (go.exists() or halt.exists()):
             if select.select([self.wake], [], [], WAKE_S)[0]:
                 with contextlib.suppress(BlockingIOError):
                     os.read(self.wake, 4096)
+        try:
+            text = go.read_text().strip()
+        except OSError:
+            return None
+        return float(text) if text else None
 
 
 def _wake_all(folder) -> None:
@@ -164,9 +183,14 @@ def _wake_all(folder) -> None:
             os.close(fd)
 
 
-def give_turn(folder, n: int) -> None:
-    """The coordinator's side: turn `n` of a multi-process arm may start."""
-    Path(folder, f"go-{n}").touch()
+def give_turn(folder, n: int, last_stopped: float | None = None) -> None:
+    """The coordinator's side: turn `n` of a multi-process arm may start. `last_stopped`: when
+    the arm's last rank stopped computing at the pause before it (time.monotonic()), written into
+    the go file whole (renamed into place) for every rank to count up to."""
+    go = Path(folder, f"go-{n}")
+    tmp = go.with_name(f".{go.name}.tmp")
+    tmp.write_text("" if last_stopped is None else repr(float(last_stopped)))
+    os.replace(tmp, go)
     _wake_all(folder)
 
 

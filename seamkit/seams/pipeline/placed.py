@@ -52,6 +52,8 @@ class Relay:
             arm, world, folder, go, release, send, stop, save
         self.waiting = 0  # the turn the ranks wait for (None: they hold one)
         self.paused: dict[int, set] = {}  # turn -> the ranks that paused for it
+        self.stopped: dict[int, float] = {}  # turn -> when its last rank stopped computing (time.monotonic())
+        self.waiting_stopped = None  # that time for the turn the ranks wait for
         self.why: dict[int, tuple[bool, bool]] = {}  # turn -> (hand the turn on, the ranks left their states)
         self.trained: set[int] = set()  # ranks whose training ended
         self.halted = self.ready = False
@@ -61,19 +63,22 @@ class Relay:
             if e["kind"] == "_paused":
                 self.paused.setdefault(e["turn"], set()).add(e["rank"])
                 self.why[e["turn"]] = (e.get("hand_on", True), e.get("saved", False))
+                if e.get("stopped_at") is not None:
+                    self.stopped[e["turn"]] = max(self.stopped.get(e["turn"], e["stopped_at"]), e["stopped_at"])
             else:  # a rank whose training ended pauses no more: it stays paused for every turn
                 self.trained.add(e["rank"])
             for turn, ranks in sorted(self.paused.items()):
                 if len(ranks | self.trained) == self.world:  # no rank computes: the turn may go on
                     del self.paused[turn]
                     hand_on, saved = self.why.pop(turn)
+                    last_stopped = self.stopped.pop(turn, None)
                     if saved:  # every rank's state is there: the checkpoint, before any rank goes on
                         self.save()
                     if hand_on:
-                        self.waiting = turn
+                        self.waiting, self.waiting_stopped = turn, last_stopped
                         self.release()
                     else:  # a pause for the checkpoint only: the same turn goes on
-                        give_turn(self.folder, turn)
+                        give_turn(self.folder, turn, last_stopped)
             return
         if e["kind"] == "start" and not self.ready:
             self.ready = True
@@ -91,8 +96,8 @@ class Relay:
             # rather than poll beside the arm that holds it
             self.go.wait(PAUSED_WAIT_S)
         if self.waiting is not None and (self.go is None or self.go.is_set()):
-            give_turn(self.folder, self.waiting)
-            self.waiting = None
+            give_turn(self.folder, self.waiting, self.waiting_stopped)
+            self.waiting, self.waiting_stopped = None, None
 
 
 def run_placed(arm: str, cfg: RunConfig, placement: Placement, devices: int, send: Callable[[dict], None],

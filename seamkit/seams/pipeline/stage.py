@@ -249,13 +249,14 @@ class RankRun:
         """Every rank, at the step boundary rank 0's `word` is for: leave its state (SAVE) and wait
         while the coordinator joins the ranks' into the checkpoint, hand the turn on (PAUSE), or end
         the loop (STOP, INTERRUPT, FAILED). True: the loop goes on."""
+        stopped_at = time.monotonic()  # this rank's computing stopped here (the save is off the clock)
         save, word = bool(word & SAVE), kind(word)
         if save and word in (GO, PAUSE):
             with self.clock.paused():
                 self._save(loop, steps)
             self.next_save = self.clock.elapsed() + self.cfg.train.checkpoint_every_s
         if word == PAUSE or save:  # every rank after the same step (seams.turns)
-            self.turns.pause(self.clock, steps, hand_on=word == PAUSE, saved=save)
+            self.turns.pause(self.clock, steps, hand_on=word == PAUSE, saved=save, stopped_at=stopped_at)
         elif word == INTERRUPT:
             loop.interrupt()
         elif word == FAILED:
