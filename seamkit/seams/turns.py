@@ -16,11 +16,13 @@ machine does lands on every arm alike (`seams.processes` hands the turns out).
   coordinator writes the latest of those times into `go-<n>`, and every rank counts the time from
   its own stop to that one as training time. So every rank's clock, and rank 0's budget and slice
   decisions with it, count the whole turn the arm held the machine for; otherwise rank 0 would
-  spend its budget while the last stage ran on past it, by up to `queue` steps a turn. A paused rank sleeps on a pipe the coordinator writes to, not
-  polling, so the arm holding the turn trains beside no wake-ups of the others. The coordinator hands the turn back only once every rank has
-  paused, so no rank of one arm computes during another arm's turn. A periodic checkpoint is a
-  pause too: every rank leaves its state at that boundary, and the coordinator joins the states
-  into the arm's checkpoint before it lets the ranks go on (in the same turn, unless it ended).
+  spend its budget while the last stage ran on past it, by up to `queue` steps a turn. A paused
+  rank sleeps on a pipe the coordinator writes to, not polling, so the arm holding the turn
+  trains beside no wake-ups of the others. The coordinator hands the turn back only once every
+  rank has paused, so no rank of one arm computes during another arm's turn. A periodic
+  checkpoint is a pause too: every rank leaves its state at that boundary, and the coordinator
+  joins the states into the arm's checkpoint before it lets the ranks go on (in the same turn,
+  unless it ended).
 
 Both record each turn's steps, seconds and tokens/s (`slices`): the study's spread of speeds.
 """
@@ -53,7 +55,8 @@ class _Slices:
         if steps > self.steps0 and t > self.t0:
             self.slices.append({"steps": steps - self.steps0, "seconds": t - self.t0,
                                 "tokens_per_s": (steps - self.steps0) * self.per_step / (t - self.t0),
-                                "wall_start": self.wall0, "wall_end": time.monotonic() if wall_end is None else wall_end})
+                                "wall_start": self.wall0,
+                                "wall_end": time.monotonic() if wall_end is None else wall_end})
 
 
 class Turns(_Slices):
