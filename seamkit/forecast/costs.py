@@ -14,11 +14,13 @@ from a GPT of the run's config exactly as a pipeline rank cuts it:
   local_backward_s (the weights' gradient with the input detached, as the local arm runs it).
 Each figure is the mean of `repeats` timed runs after one untimed one (a run's speed is set by
 its mean step, the machine's interruptions included, which the median of a few short timings
-leaves out); FLOPs of every part are counted beside it with `seamkit.costs.count_flops`. The update
-(`optimizer_s`: the global-norm clip, the fused AdamW step and zero_grad, as every placement's
-step runs them; before version 3 the AdamW step alone) is timed per segment shape and per aux head. `runtime` holds what torch's pipelining runtime costs beyond
-that compute (`measure_runtime`: a per-action overhead and a per-P2P-op cost). The table is JSON, labelled with the machine, the device,
-the threads and the torch version it was measured with (`save_costs`, `load_costs`).
+leaves out); FLOPs of every part are counted beside it with `seamkit.costs.count_flops`. The
+update (`optimizer_s`: the global-norm clip, the fused AdamW step and zero_grad, as every
+placement's step runs them; before version 3 the AdamW step alone) is timed per segment shape
+and per aux head. `runtime` holds what torch's pipelining runtime costs beyond that compute
+(`measure_runtime`: a per-action overhead and a per-P2P-op cost). The table is JSON, labelled
+with the machine, the device, the threads and the torch version it was measured with
+(`save_costs`, `load_costs`).
 
 Threads (CPU). `segments`, `optimizer_s` and `aux_optimizer_s` are measured with `threads`, a
 rank's torch threads. A candidate whose process runs more (`single` at N runs N x threads, as

@@ -53,7 +53,6 @@ class Relay:
         self.waiting = 0  # the turn the ranks wait for (None: they hold one)
         self.paused: dict[int, set] = {}  # turn -> the ranks that paused for it
         self.stopped: dict[int, float] = {}  # turn -> when its last rank stopped computing (time.monotonic())
-        self.waiting_stopped = None  # that time for the turn the ranks wait for
         self.why: dict[int, tuple[bool, bool]] = {}  # turn -> (hand the turn on, the ranks left their states)
         self.trained: set[int] = set()  # ranks whose training ended
         self.halted = self.ready = False
@@ -71,14 +70,13 @@ class Relay:
                 if len(ranks | self.trained) == self.world:  # no rank computes: the turn may go on
                     del self.paused[turn]
                     hand_on, saved = self.why.pop(turn)
-                    last_stopped = self.stopped.pop(turn, None)
                     if saved:  # every rank's state is there: the checkpoint, before any rank goes on
                         self.save()
                     if hand_on:
-                        self.waiting, self.waiting_stopped = turn, last_stopped
+                        self.waiting = turn
                         self.release()
                     else:  # a pause for the checkpoint only: the same turn goes on
-                        give_turn(self.folder, turn, last_stopped)
+                        give_turn(self.folder, turn, self.stopped.pop(turn, None))
             return
         if e["kind"] == "start" and not self.ready:
             self.ready = True
@@ -96,8 +94,8 @@ class Relay:
             # rather than poll beside the arm that holds it
             self.go.wait(PAUSED_WAIT_S)
         if self.waiting is not None and (self.go is None or self.go.is_set()):
-            give_turn(self.folder, self.waiting, self.waiting_stopped)
-            self.waiting, self.waiting_stopped = None, None
+            give_turn(self.folder, self.waiting, self.stopped.pop(self.waiting, None))
+            self.waiting = None
 
 
 def run_placed(arm: str, cfg: RunConfig, placement: Placement, devices: int, send: Callable[[dict], None],
