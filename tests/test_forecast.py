@@ -262,6 +262,9 @@ def test_measured_costs_have_every_part_positive(tmp_path):
     assert all(v > 0 for v in table["optimizer_s"].values()) and table["aux_optimizer_s"] > 0
     rt = table["runtime"]  # measured: two spawned gloo processes
     assert table["backward_split"] == "torch" and rt["action_s"] >= 0 and rt["p2p_op_s"] > 0 and rt["how"]
+    # ratios of like compute: a pipe_factor whose timing inside the pipe missed the backwards reads
+    # about 0.5 here (0.45 at the cpu preset), one that counted the waits too, far above 1
+    assert 0.75 < rt["shared_factor"] < 3 and 0.75 < rt["pipe_factor"] < 3, rt
     assert rt["rows"] == min(r for s, r in need["segments"] if not s.startswith("whole"))
     save_costs(tmp_path / "c.json", table)
     assert load_costs(tmp_path / "c.json") == json.loads(json.dumps(table))
@@ -561,26 +564,35 @@ def test_committed_tables_load_and_one_without_the_runtime_block_reads_as_zeros(
 
 
 def test_ranks_sharing_the_host_scale_every_multi_rank_candidate_s_compute_and_only_theirs():
-    """A shared factor of 2 with a free link and no runtime overhead: every candidate of more than
-    one rank takes exactly twice as long (doubling is exact in binary floating point), and a
-    one-process candidate not at all. Planted faults this catches: the factor applied to single
-    too; a part left unscaled (the optimizer step)."""
+    """A shared factor of 2 and a pipe factor of 4 with a free link and no runtime overhead: dp and
+    local stages take exactly twice as long, every pipe schedule four times, and a one-process
+    candidate as long as before (powers of two scale exactly in binary floating point); a table
+    without pipe_factor scales the pipes by the shared factor. Planted faults this catches: a
+    factor applied to single too; a part left unscaled (the optimizer step); the pipes scaled by
+    the shared factor, or dp by the pipe's."""
     cfg = preset("tiny")
     base = _with_runtime_block(fake_costs(cfg, [1, 2]), 0.0, 0.0)
     twice = json.loads(json.dumps(base))
     twice["runtime"]["shared_factor"] = 2.0
-    a, b = (forecast(cfg, [1, 2], costs=t, link=FREE)["by_devices"] for t in (base, twice))
+    both = json.loads(json.dumps(twice))
+    both["runtime"]["pipe_factor"] = 4.0
+    a, b, c4 = (forecast(cfg, [1, 2], costs=t, link=FREE)["by_devices"] for t in (base, twice, both))
     seen = 0
     for n in ("1", "2"):
         for arm in ("e2e", "local"):
             for name, c in a[n][arm]["candidates"].items():
                 if not c["forecast"]:
                     continue
-                d = b[n][arm]["candidates"][name]
                 multi = int(n) > 1 and name != "single"
-                assert d["step_s"] == (2 * c["step_s"] if multi else c["step_s"]), (n, arm, name)
-                seen += multi
-    assert seen >= 5
+                pipe = name.startswith("pipe:")
+                assert b[n][arm]["candidates"][name]["step_s"] == (2 * c["step_s"] if multi else c["step_s"])
+                want = 4 * c["step_s"] if multi and pipe else 2 * c["step_s"] if multi else c["step_s"]
+                assert c4[n][arm]["candidates"][name]["step_s"] == want, (n, arm, name)
+                seen += multi + pipe
+    assert seen >= 10
     twice["runtime"]["shared_factor"] = 0
     with pytest.raises(CostError, match="shared_factor must be a number > 0"):
         forecast(cfg, [2], costs=twice, link=FREE)
+    both["runtime"]["pipe_factor"] = "fast"
+    with pytest.raises(CostError, match="pipe_factor must be a number > 0"):
+        forecast(cfg, [2], costs=both, link=FREE)

@@ -59,7 +59,8 @@ from seamkit.seams.pipeline.plan import WIRE_DTYPES
 from seamkit.seams.pipeline.stage import Segment
 
 COSTS_KIND = "seamkit-forecast-costs"
-COSTS_VERSION = 3  # 2: I and W timed through torch's own split; the runtime block. 3: the update's clip and zero_grad
+COSTS_VERSION = 4  # 2: I and W timed through torch's own split; the runtime block. 3: the update's clip and
+# zero_grad. 4: runtime.pipe_factor
 PARTS = ("forward_s", "backward_s", "backward_input_s", "backward_weight_s")
 LOCAL_PARTS = ("aux_s", "local_backward_s")
 RUNTIME_PARTS = ("action_s", "p2p_op_s")  # runtime.py: seconds a compute action, a P2P op
@@ -329,9 +330,10 @@ def check_costs(table, where: str = "cost table") -> None:
                or isinstance(rt.get(k), bool) or rt.get(k) < 0]
         if bad:
             raise CostError(f"{where}: runtime.{bad[0]} missing or not a number >= 0 (seconds)")
-        f = rt.get("shared_factor", 1.0)
-        if not isinstance(f, (int, float)) or isinstance(f, bool) or not f > 0:
-            raise CostError(f"{where}: runtime.shared_factor must be a number > 0 (a ratio of seconds), got {f!r}")
+        for name in ("shared_factor", "pipe_factor"):
+            f = rt.get(name, 1.0)
+            if not isinstance(f, (int, float)) or isinstance(f, bool) or not f > 0:
+                raise CostError(f"{where}: runtime.{name} must be a number > 0 (a ratio of seconds), got {f!r}")
     by = table.get("by_threads", {})
     if not isinstance(by, dict):
         raise CostError(f"{where}: by_threads is not an object of thread count -> costs")
@@ -352,17 +354,20 @@ def _check_entries(segments: dict, where: str) -> None:
 
 def runtime_of(table: dict) -> dict:
     """The table's pipelining runtime figures; a table measured before they existed (version 1,
-    no `runtime`) reads as zeros (and a shared factor of 1), so it forecasts as it always did,
-    and `how` says so."""
+    no `runtime`) reads as zeros (and factors of 1), so it forecasts as it always did, and `how`
+    says so. A table from before pipe_factor (version 3 and earlier) reads its shared_factor in
+    its place, as its pipe candidates were forecast with."""
     rt = table.get("runtime")
     if rt is None:
         return {**NOT_MEASURED, "how": f"absent from this version-{table.get('version', 1)} table: 0"}
-    return {"shared_factor": 1.0, **rt}
+    rt = {"shared_factor": 1.0, **rt}
+    return {"pipe_factor": rt["shared_factor"], **rt}
 
 
 def shared(table: dict, factor: float) -> dict:
     """The table with every compute time (segments' seconds, optimizer steps) `factor` times as
-    long: the costs of one rank while the host's other ranks compute too (`runtime.shared_factor`)."""
+    long: the costs of one rank while the host's other ranks compute too (`runtime.shared_factor`,
+    or `runtime.pipe_factor` for a pipe's ranks)."""
     if factor == 1.0:
         return table
     seg = {k: {n: v * factor if n.endswith("_s") else v for n, v in e.items()} for k, e in table["segments"].items()}

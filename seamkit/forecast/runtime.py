@@ -16,9 +16,19 @@ Two figures, which the replay charges to every action of every pipe schedule ali
   middle block's forward and backward at the pipe's rows alone (the other waiting), then both at
   once, in turns repeated `repeats` times so a drift of the machine reaches both alike; the
   factor is the ratio of the medians, averaged over the two ranks. The forecast scales the
-  compute of every candidate that runs more than one rank by it (`study.step_time`).
+  compute of dp and of the local arm's stages by it (`study.forecast`).
+- pipe_factor: the same slowdown inside torch's pipelining runtime, where the ranks do not
+  compute in lockstep but pass activations and gradients while they compute: the two ranks run a
+  Schedule1F1B over two one-block stages (the first with the embedding, the last with the LM
+  head and loss), M micro-batches of the pipe's rows, and each times only its compute inside the
+  step (its module's forwards, the loss, and the autograd pass of every backward, none of the
+  stage's own bookkeeping, which action_s holds); then each, the other waiting, runs the same
+  forwards and backwards alone; in turns, so a drift reaches both; the ratio of the medians,
+  averaged over the two ranks. Ranks that pass messages while they compute pay more than ranks
+  computing side by side (the transport's threads, memory still holding micro-batches in
+  flight), so the forecast scales the compute of every pipe candidate by this factor instead.
 On an accelerator action_s is measured the same way on the device (synchronised); p2p_op_s is
-0 and shared_factor 1: one device cannot time an op between two, nor two ranks on two devices,
+0 and shared_factor and pipe_factor 1: one device cannot time an op between two, nor two ranks on two devices,
 and `how` says so.
 """
 
@@ -40,7 +50,7 @@ from seamkit.seams.pipeline.stage import Segment
 MICRO = 4  # micro-batches of the action_s step: 2 x MICRO actions a step
 PAUSE_S = 0.002  # between posting an op and waiting on it: its data is there by then
 
-NOT_MEASURED = {"action_s": 0.0, "p2p_op_s": 0.0, "shared_factor": 1.0}
+NOT_MEASURED = {"action_s": 0.0, "p2p_op_s": 0.0, "shared_factor": 1.0, "pipe_factor": 1.0}
 
 
 def _sync(device):
@@ -127,6 +137,77 @@ def _shared_factor(cfg: RunConfig, rows: int, repeats: int) -> float:
     return statistics.median(both[1:]) / statistics.median(alone[1:])
 
 
+def _pipe_factor(cfg: RunConfig, rows: int, repeats: int) -> float:
+    """This rank's (median compute a step inside a running two-rank Schedule1F1B) / (median of the
+    same forwards and backwards alone, the other rank waiting), over one-block stages (module
+    docstring); every rank calls it at once."""
+    import torch.distributed as dist
+    from torch.distributed import pipelining
+    from torch.distributed.pipelining import stage as stage_module
+    m, dtype = cfg.model, param_dtype(cfg.train.dtype)
+    rank, cpu = dist.get_rank(), torch.device("cpu")
+    first, last = rank == 0, rank == 1
+    torch.manual_seed(cfg.train.seed)
+    seg = Segment(GPT(m).to(dtype=dtype), [0], first, last, cpu, dtype, dtype, cfg.train.dtype)  # any block: all alike
+    g = torch.Generator(device="cpu").manual_seed(0)
+    x_BT = torch.randint(0, m.vocab, (rows * MICRO, m.seq), generator=g)
+    y_BT = torch.randint(0, m.vocab, (rows * MICRO, m.seq), generator=g)
+    h_BTC = torch.randn(rows, m.seq, m.dim, generator=g, dtype=dtype)
+    g_BTC = torch.randn(rows, m.seq, m.dim, generator=g, dtype=dtype)
+    spent = [0.0]
+
+    def timing(fn):
+        def timed(*args, **kw):
+            t = time.perf_counter()
+            try:
+                return fn(*args, **kw)
+            finally:
+                spent[0] += time.perf_counter() - t
+        return timed
+
+    class Timed(torch.nn.Module):  # the stage's module: its forward's seconds, nothing of the stage's own
+        def __init__(self):
+            super().__init__()
+            self.seg = seg
+
+        forward = timing(lambda self, inp: self.seg(inp))
+
+    loss = timing(lambda o, y: lm_loss(o, y) / MICRO)
+    inp = x_BT[:rows].clone() if first else torch.empty_like(h_BTC).requires_grad_(True)
+    out = torch.empty(rows, m.seq, m.vocab if last else m.dim, dtype=dtype, requires_grad=True)
+    stage = pipelining.PipelineStage(Timed(), rank, 2, cpu, input_args=inp, output_args=out)
+    sched = pipelining.Schedule1F1B(stage, n_microbatches=MICRO, loss_fn=loss, scale_grads=False)
+
+    def direct():
+        for k in range(MICRO):
+            rows_k = slice(k * rows, (k + 1) * rows)
+            if first:
+                seg(x_BT[rows_k]).backward(g_BTC)
+            else:
+                (lm_loss(seg(h_BTC.detach().requires_grad_(True)), y_BT[rows_k]) / MICRO).backward()
+
+    backward = stage_module.stage_backward
+    stage_module.stage_backward = timing(backward)  # the autograd pass of every B the stage runs
+    inside, alone = [], []
+    try:
+        for _ in range(repeats + 1):  # the first round warms up
+            dist.barrier()
+            spent[0] = 0.0
+            sched.step(*((x_BT,) if first else ()), target=y_BT if last else None, losses=[], return_outputs=False)
+            inside.append(spent[0])
+            seg.zero_grad(set_to_none=True)
+            for turn in (0, 1):
+                dist.barrier()
+                if rank == turn:
+                    t = time.perf_counter()
+                    direct()
+                    alone.append(time.perf_counter() - t)
+                    seg.zero_grad(set_to_none=True)
+    finally:
+        stage_module.stage_backward = backward
+    return statistics.median(inside[1:]) / statistics.median(alone[1:])
+
+
 def _worker(rank: int, init: str, cfg: RunConfig, rows: int, repeats: int, threads, out: str) -> None:
     import torch.distributed as dist
     if threads:
@@ -147,6 +228,9 @@ def _worker(rank: int, init: str, cfg: RunConfig, rows: int, repeats: int, threa
         factors = [None, None]
         dist.all_gather_object(factors, _shared_factor(cfg, rows, max(repeats, 40)))
         result.update(shared_factor=sum(factors) / 2, shared_factor_ranks=factors)
+        pipe = [None, None]
+        dist.all_gather_object(pipe, _pipe_factor(cfg, rows, max(repeats, 30)))
+        result.update(pipe_factor=sum(pipe) / 2, pipe_factor_ranks=pipe)
     dist.destroy_process_group()
     if rank == 0:
         with open(out, "w") as f:
@@ -169,9 +253,11 @@ def measure_runtime(cfg: RunConfig, rows: int, repeats: int = 20, threads: int |
         how += (f"p2p_op_s: post + wait of one {rows}x{cfg.model.seq}x{cfg.model.dim} activation through torch's "
                 f"_batch_p2p, loopback gloo, mean of sender and receiver, median of {repeats}; shared_factor: "
                 f"a middle block's forward and backward at {rows} rows, both ranks at once over each alone, medians "
-                f"of {max(repeats, 40)} turns, mean of the two ranks")
+                f"of {max(repeats, 40)} turns, mean of the two ranks; pipe_factor: each rank's forward and backward "
+                f"compute inside a two-rank Schedule1F1B over one-block stages, {MICRO} micro-batches of {rows} rows, "
+                f"over the same compute alone, medians of {max(repeats, 30)} turns, mean of the two ranks")
     else:
-        result.update(p2p_op_s=0.0, shared_factor=1.0)
-        how += (f"p2p_op_s: 0 and shared_factor: 1, not measured on {device.type} (one device cannot time an op "
-                "between two, nor two ranks on devices of their own)")
+        result.update(p2p_op_s=0.0, shared_factor=1.0, pipe_factor=1.0)
+        how += (f"p2p_op_s: 0, shared_factor and pipe_factor: 1, not measured on {device.type} (one device cannot "
+                "time an op between two, nor two ranks on devices of their own)")
     return {**result, "rows": rows, "repeats": repeats, "how": how}

@@ -8,8 +8,10 @@ Step time by candidate (rows, segments and owners from `candidates`):
 - e2e pipe: the replay of torch's order on batch/M rows, every action charged the runtime's
   overhead too (`replay.with_runtime`, the table's `runtime`), then the one small allreduce of
   the gradient norms every rank waits on, then the slowest rank's optimizer step;
-- every candidate of more than one rank computes `runtime.shared_factor` times slower than one
-  rank alone (`costs.shared`): its ranks share the host;
+- every candidate of more than one rank computes slower than one rank alone (`costs.shared`):
+  its ranks share the host; dp and local stages by `runtime.shared_factor` (ranks computing side
+  by side), the pipe schedules by `runtime.pipe_factor` (ranks computing inside torch's
+  pipelining runtime, passing messages meanwhile); a table without pipe_factor uses shared_factor;
 - local single: every segment's forward, aux head and detached backward, every optimizer step;
 - local stages: `replay_local` over the ranks' runs of segments with the Wire's queue of 2.
 tokens/s = batch x seq / step time; the bubble is the idle share of all ranks' time over a step.
@@ -156,7 +158,8 @@ def forecast(cfg: RunConfig, devices=(1, 2, 4, 8), costs: dict | None = None, li
                      "step_s": None, "bubble": None, "best": False}
             if c.reason is None:
                 if c.devices > 1 and c.name != "single":  # several ranks computing at once on the host
-                    at = shared(at, runtime_of(costs)["shared_factor"])
+                    rt = runtime_of(costs)
+                    at = shared(at, rt["pipe_factor"] if c.schedule else rt["shared_factor"])
                 t = step_time(c, at, link)
                 entry.update(t, tokens_per_s=tokens / t["step_s"])
             arms[c.arm][c.name] = entry
