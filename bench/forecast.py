@@ -70,7 +70,7 @@ def validation(args) -> dict:
         for n, arm, p in todo if r % 2 == 0 else todo[::-1]:
             print(f"round {r + 1}/{args.rounds}: N={n} {arm} on {p.name}", flush=True)
             rounds[(n, arm, p.name)].append(calibration.measure(cfg, n, {arm: [p]}, rounds=1)["tokens_per_s"][arm][p.name])
-    measured, spread, didnt = {"e2e": {}, "local": {}}, [], []
+    measured, spread, didnt = {a: {} for a in C.study_arms(cfg.seams.arms)}, [], []
     for (n, arm, name), vals in rounds.items():
         ok = [v for v in vals if v is not None]
         if not ok:

@@ -399,7 +399,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--collect", metavar="DIR", help="aggregate the points in DIR (run by --emit-jobs commands)")
     p.set_defaults(fn=cmd_sweep)
 
-    p = sub.add_parser("forecast", help="forecast both arms' tokens/s and bubble at N devices from measured costs")
+    p = sub.add_parser("forecast", help="forecast each arm's tokens/s and bubble at N devices from measured costs")
     _common(p)
     p.add_argument("--devices", dest="device_counts", help="device counts N, e.g. 1,2,4,8,16 (the default; with "
                    "--validate: N=1 and the devices it measured)")

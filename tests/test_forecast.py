@@ -596,3 +596,66 @@ def test_ranks_sharing_the_host_scale_every_multi_rank_candidate_s_compute_and_o
     both["runtime"]["pipe_factor"] = "fast"
     with pytest.raises(CostError, match="pipe_factor must be a number > 0"):
         forecast(cfg, [2], costs=both, link=FREE)
+
+
+# ----------------------------------------------------------------------------- the delayed arm
+
+def _delayed_cfg(**seams):
+    return override(preset("tiny"), {"seams.arms": "e2e,local,delayed", **{f"seams.{k}": v for k, v in seams.items()}})
+
+
+def _delayed_by_hand(table: dict, cfg, n: int) -> float:
+    """The delayed arm's step on n ranks (tiny: 4 one-block segments), written out from the table:
+    forward chain, each rank's backwards (and aux heads), the all_reduce over a free link (0), the
+    slowest update."""
+    segs = ["first:1", "middle:1", "middle:1", "last:1"]
+    owner = [k * n // 4 for k in range(4)]
+    e = lambda k, p: table["segments"][entry_key(segs[k], cfg.data.batch)][p]  # noqa: E731
+    sc = cfg.seams
+    fwd, back, aux, upd = {}, {}, {}, [0.0] * n
+    for k in range(4):
+        fwd[k] = e(k, "forward_s")
+        back[k] = e(k, "backward_s") + (fwd[k] if k < 3 and not sc.weight_stashing else 0)
+        aux[k] = e(k, "aux_s") + e(k, "local_backward_s") if sc.local_weight > 0 and k < 3 else 0
+        upd[owner[k]] += table["optimizer_s"][segs[k]] + (table["aux_optimizer_s"] if aux[k] else 0)
+    mine = [[k for k in range(4) if owner[k] == r] for r in range(n)]
+    sent, t = [], 0.0
+    for r in range(n):
+        t += sum(fwd[k] for k in mine[r]) + sum(aux[k] for k in mine[r][:-1])
+        sent.append(t)
+    reach = [0.0] * n
+    for r in reversed(range(n)):
+        start = max(sent[r], reach[r + 1]) if sc.delay == 0 and r < n - 1 else sent[r]
+        reach[r] = start + aux[mine[r][-1]] + sum(back[k] for k in mine[r])
+    return max(reach) + max(upd)
+
+
+@pytest.mark.parametrize("seams", [{}, {"delay": 0}, {"weight_stashing": False}, {"local_weight": 0.5}])
+def test_delayed_stages_step_is_the_forward_chain_then_the_backwards(seams):
+    """Every step ends in an all_reduce all ranks wait on, so rank r's backwards start after the
+    forwards of ranks 0..r (with no delay, after rank r+1's backward too). Planted faults this
+    catches: the step as the slowest rank's own work (a pipelined steady state); the re-run
+    forward without stashing, or the aux heads, left out; delay 0 treated as 1."""
+    cfg = _delayed_cfg(**seams)
+    table = fake_costs(cfg, [1, 2, 4])
+    rep = forecast(cfg, [1, 2, 4], costs=table, link=FREE)
+    for n in (2, 4):
+        c = rep["by_devices"][str(n)]["delayed"]["candidates"]["stages"]
+        assert c["forecast"] and c["step_s"] == pytest.approx(_delayed_by_hand(table, cfg, n), rel=1e-12), (n, seams)
+    one = rep["by_devices"]["1"]["delayed"]["candidates"]["single"]
+    assert one["step_s"] == pytest.approx(_delayed_by_hand(table, cfg, 1), rel=1e-12)
+    assert "delayed" not in forecast(preset("tiny"), [2], costs=fake_costs(preset("tiny"), [2]),
+                                     link=FREE)["by_devices"]["2"]  # only where seams.arms names it
+
+
+def test_time_to_target_names_the_arm_that_breaks_even():
+    cfg = _delayed_cfg()
+    rep = forecast(cfg, [1, 2, 4], costs=fake_costs(cfg, [1, 2, 4]), link=FREE)
+    slow = [[(0, 4.0), (100, 2.0)]]  # 3.0 at step 50
+    fast = [[(0, 4.0), (2, 2.0)]]  # 3.0 at step 1
+    tt = time_to_target(rep, {"e2e": slow, "local": slow, "delayed": fast}, 3.0)
+    assert tt["arms"] == ["e2e", "local", "delayed"]
+    assert tt["break_even_devices"] == 1 and tt["break_even_arm"] == "delayed" and tt["break_even"] == "N=1 (delayed)"
+    assert tt["by_devices"]["1"]["delayed_first"] and not tt["by_devices"]["1"]["local_first"]
+    two = time_to_target(rep, {"e2e": slow, "local": slow}, 3.0)  # no delayed curves: the arm is left out
+    assert two["arms"] == ["e2e", "local"] and "delayed" not in two["by_devices"]["1"]

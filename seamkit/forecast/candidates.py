@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from seamkit.config import ConfigError, RunConfig
+from seamkit.config import ConfigError, RunConfig, study_arms
 from seamkit.seams.cuts import parse_seams, segments
 from seamkit.seams.pipeline.plan import (
     PER_STAGE,
@@ -27,7 +27,7 @@ from seamkit.seams.pipeline.plan import (
     placement,
 )
 
-E2E, LOCAL = "e2e", "local"
+E2E, LOCAL, DELAYED = "e2e", "local", "delayed"
 
 
 def seg_key(blocks: int, first: bool, last: bool) -> str:
@@ -41,7 +41,7 @@ def seg_keys(segs: list[list[int]]) -> list[str]:
 
 @dataclass
 class Candidate:
-    arm: str  # "e2e" or "local"
+    arm: str  # "e2e", "local" or "delayed"
     name: str  # "single", "dp", "pipe:SCHEDULE:M" or "stages"
     devices: int  # ranks it runs on
     rows: int  # rows of one compute action: the batch, batch/N (dp) or batch/M (pipe)
@@ -63,8 +63,25 @@ def single_threads(cfg: RunConfig, n: int, threads: int) -> int:
     return threads if cfg.train.threads else n * threads
 
 
+def _stages(cfg: RunConfig, arm: str, n: int, segs: list[str], reason: str | None) -> Candidate:
+    """The stages candidate of the local or delayed arm: segments grouped onto n ranks as plan.local_seams groups them."""
+    c = Candidate(arm, "stages", n, cfg.data.batch, segs, reason=reason)
+    try:
+        _, held = local_seams(cfg, n)
+        c.owner = [r for r, ks in enumerate(held) for _ in ks]
+    except ConfigError as e:
+        c.reason = c.reason or _reason(e)
+    return c
+
+
+def arms_of(cfg: RunConfig) -> tuple[str, ...]:
+    """The arms the forecast covers: those seams.arms names (e2e and local always, delayed where named)."""
+    return study_arms(cfg.seams.arms)
+
+
 def candidates(cfg: RunConfig, n: int, cores: int | None = None, threads: int | None = None) -> list[Candidate]:
-    """Every e2e and local candidate at n devices. threads (CPU only: None on an accelerator): a
+    """Every candidate of the config's arms at n devices (e2e, local, and delayed where seams.arms
+    names it: single, and stages grouped as the local arm's). threads (CPU only: None on an accelerator): a
     rank's torch threads, the cost table's; `single` gets `single_threads`. `cores` (CPU only): a
     candidate needing more cores than that (ranks x threads) is not forecast, since the replay
     gives every rank a device of its own."""
@@ -92,19 +109,16 @@ def candidates(cfg: RunConfig, n: int, cores: int | None = None, threads: int | 
             if c.reason is None:
                 c.segments = seg_keys(segments(parse_seams(str(len(owner) - 1), nb), nb))
             out.append(c)
-    # local: the config's seams whatever n is; the stages placement groups the segments into n runs
+    # local (and delayed): the config's seams whatever n is; stages groups the segments into n runs
     local_segs, why = seg_keys(segments(parse_seams(cfg.seams.seams, nb), nb)), None
     if len(local_segs) > 1 and cfg.seams.objective != "aux_head":  # costs.py times an AuxHead only
         why = f"seams.objective={cfg.seams.objective}: the forecast measures the aux_head objective only"
-    out.append(Candidate(LOCAL, "single", 1, batch, local_segs, owner=[0] * len(local_segs), reason=why))
-    if n > 1:
-        c = Candidate(LOCAL, "stages", n, batch, local_segs, reason=why)
-        try:
-            _, held = local_seams(cfg, n)
-            c.owner = [r for r, ks in enumerate(held) for _ in ks]
-        except ConfigError as e:
-            c.reason = c.reason or _reason(e)
-        out.append(c)
+    # delayed learns from the gradients coming back, with AuxHeads (make_aux_heads) where local_weight > 0
+    arms = [(LOCAL, why)] + ([(DELAYED, None)] if DELAYED in arms_of(cfg) else [])
+    for arm, reason in arms:
+        out.append(Candidate(arm, "single", 1, batch, local_segs, owner=[0] * len(local_segs), reason=reason))
+        if n > 1:
+            out.append(_stages(cfg, arm, n, local_segs, reason))
     if threads is not None:
         for c in out:
             c.threads = single_threads(cfg, n, threads) if c.name == "single" else threads
@@ -131,5 +145,5 @@ def needed(cfg: RunConfig, devices: list[int], threads: int | None = None) -> di
             else:
                 at = by_threads.setdefault(c.threads, {"segments": set(), "local": set()})
             for k in c.segments:
-                at["local" if c.arm == LOCAL else "segments"].add((k, c.rows))
+                at["segments" if c.arm == E2E else "local"].add((k, c.rows))
     return {"segments": seg, "local": local, "by_threads": by_threads}

@@ -7,7 +7,7 @@ import plotly.graph_objects as go
 
 from seamkit.forecast.study import ForecastError
 
-ARM_COLORS = {"e2e": "#1f77b4", "local": "#ff7f0e"}
+ARM_COLORS = {"e2e": "#1f77b4", "local": "#ff7f0e", "delayed": "#2ca02c"}
 
 
 def _log2_axis(devices: list[int]) -> dict:
@@ -20,7 +20,8 @@ def tokens_figure(report: dict) -> go.Figure:
     candidates drawn over it as crosses, each named."""
     devices = report["devices"]
     fig = go.Figure()
-    for arm, color in ARM_COLORS.items():
+    here = report["by_devices"][str(devices[0])]
+    for arm, color in ((a, c) for a, c in ARM_COLORS.items() if a in here):
         xs, ys, names = [], [], []
         for n in devices:
             a = report["by_devices"][str(n)][arm]
@@ -54,7 +55,7 @@ def time_to_target_figure(report: dict) -> go.Figure:
         raise ForecastError("the forecast report has no time_to_target block (forecast with curves and a target)")
     devices = report["devices"]
     fig = go.Figure()
-    for arm, color in ARM_COLORS.items():
+    for arm, color in ((a, c) for a, c in ARM_COLORS.items() if a in tt.get("arms", ("e2e", "local"))):
         xs, ys, up, down, names = [], [], [], [], []
         for n in devices:
             row = tt["by_devices"][str(n)][arm]

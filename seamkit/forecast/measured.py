@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 
-from seamkit.config import RunConfig
+from seamkit.config import STUDY_ARMS, RunConfig
 from seamkit.forecast.costs import measure_costs
 from seamkit.forecast.links import LOOPBACK, Link
 from seamkit.forecast.study import (
@@ -31,7 +31,8 @@ from seamkit.forecast.study import (
     validate,
 )
 
-ARMS = ("e2e", "local")
+ARMS = STUDY_ARMS  # every arm a study can run
+BASE = ("e2e", "local")
 
 
 def _speeds_of(entry: dict, where: str) -> tuple[int, dict]:
@@ -41,7 +42,7 @@ def _speeds_of(entry: dict, where: str) -> tuple[int, dict]:
         raise ForecastError(f"{where}: devices missing or not a positive whole number (got {n!r})")
     if not isinstance(speeds, dict) or not all(isinstance(speeds.get(a, {}), dict) for a in ARMS):
         raise ForecastError(f"{where}: no tokens/s per arm and candidate ({{arm: {{candidate: tokens/s}}}})")
-    return n, {a: dict(speeds.get(a, {})) for a in ARMS}
+    return n, {a: dict(speeds.get(a, {})) for a in ARMS if a in BASE or a in speeds}
 
 
 def measured_speeds(doc) -> dict:
@@ -49,7 +50,7 @@ def measured_speeds(doc) -> dict:
     shapes in the module docstring; ForecastError (one line) on anything else."""
     if not isinstance(doc, dict):
         raise ForecastError("measured speeds: expected a seams report, a calibration or a bench table (a JSON object)")
-    out = {a: {} for a in ARMS}
+    out = {a: {} for a in BASE}
     if isinstance(doc.get("placement"), dict):
         entries, source = [(doc["placement"], "placement")], "a seams report's placement candidates"
     elif isinstance(doc.get("entries"), list):
@@ -66,8 +67,8 @@ def measured_speeds(doc) -> dict:
         if not isinstance(entry, dict):
             raise ForecastError(f"measured speeds: {where} is not an object")
         n, speeds = _speeds_of(entry, f"measured speeds: {where}")
-        for a in ARMS:
-            out[a].setdefault(n, {}).update(speeds[a])
+        for a, got in speeds.items():
+            out.setdefault(a, {}).setdefault(n, {}).update(got)
     return {"tokens_per_s": out, "source": source}
 
 
@@ -152,20 +153,25 @@ def _final_held_out(rep: dict, arm: str) -> float | None:
 
 
 def curves_from_report(report: dict) -> dict:
-    """Per-seed loss-vs-steps curves of both arms from a seams report, and the target they imply.
+    """Per-seed loss-vs-steps curves of the study's arms from a seams report, and the target they imply.
 
     {"curve": "held_out" | "training", "e2e": [[(step, loss), ...] per seed], "local": [...],
-    "seeds": [...], "target": float}. Held-out: each equal-token row's (step, loss), then
-    (final step, final held-out loss). The target is the largest of the seeds' own targets (each the
-    worse arm's final held-out loss), so every seed of both arms reaches it."""
-    reps = [r for r in report.get("repeats") or []
-            if all(r.get("arms", {}).get(a, {}).get("status") == "complete" for a in ARMS)]
+    "delayed": [...] (where every kept seed ran it), "arms", "seeds", "target"}. Held-out: each
+    equal-token row's (step, loss), then (final step, final held-out loss). The target is the
+    largest of the seeds' own targets (each the worst arm's final held-out loss), so every seed of
+    every arm reaches it."""
+    done = lambda r, a: r.get("arms", {}).get(a, {}).get("status") == "complete"  # noqa: E731
+    reps = [r for r in report.get("repeats") or [] if all(done(r, a) for a in BASE)]
     if not reps:
         raise ForecastError("time to target: the seams report has no seed whose arms both completed")
-    held = all(r.get("equal_tokens") and all(_finite(_final_held_out(r, a)) for a in ARMS) for r in reps)
-    curves = {a: [] for a in ARMS}
+    arms = BASE + tuple(a for a in ARMS if a not in BASE and all(a in r.get("arms", {}) for r in reps))
+    reps = [r for r in reps if all(done(r, a) for a in arms)]
+    if not reps:
+        raise ForecastError(f"time to target: the seams report has no seed whose arms ({', '.join(arms)}) all completed")
+    held = all(r.get("equal_tokens") and all(_finite(_final_held_out(r, a)) for a in arms) for r in reps)
+    curves = {a: [] for a in arms}
     for r in reps:
-        for a in ARMS:
+        for a in arms:
             arm = r["arms"][a]
             if held:
                 pts = [(row["step"], row[a]["loss"]) for row in r["equal_tokens"]]
@@ -179,10 +185,10 @@ def curves_from_report(report: dict) -> dict:
     targets = [(r.get("time_to_target") or {}).get("target_loss") for r in reps]
     if held and all(_finite(t) for t in targets):
         target = max(targets)
-    else:  # the worse arm's final loss of each seed's curves, as the study sets its target
-        target = max(max(c[-1][1] for c in (curves[a][k] for a in ARMS)) for k in range(len(reps)))
-    return {"curve": "held_out" if held else "training", **curves, "seeds": [r.get("seed") for r in reps],
-            "target": target}
+    else:  # the worst arm's final loss of each seed's curves, as the study sets its target
+        target = max(max(c[-1][1] for c in (curves[a][k] for a in arms)) for k in range(len(reps)))
+    return {"curve": "held_out" if held else "training", **curves, "arms": list(arms),
+            "seeds": [r.get("seed") for r in reps], "target": target}
 
 
 # ----------------------------------------------------------------------------- a study's report, forecast
@@ -211,7 +217,7 @@ def forecast_seams(cfg: RunConfig, report: dict, devices=(1, 2, 4, 8), link: Lin
                    f"up to N={max(devices)} ({cores} cores)")
     curves = curves_from_report(report)
     out = forecast(cfg, devices, costs=costs, link=link, cores=cores,
-                   curves={a: curves[a] for a in ARMS}, target=curves["target"])
+                   curves={a: curves[a] for a in curves["arms"]}, target=curves["target"])
     out["time_to_target"].update(curve=curves["curve"], seeds=curves["seeds"])
     out["assumed"] = assumed
     if measured:

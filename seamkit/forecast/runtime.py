@@ -1,6 +1,7 @@
 """What torch's pipelining runtime costs a rank beyond the compute of its actions, measured here.
 
-Two figures, which the replay charges to every action of every pipe schedule alike:
+Two figures the replay charges to every action of every pipe schedule alike (action_s,
+p2p_op_s), and two factors the forecast scales compute by (shared_factor, pipe_factor):
 - action_s: the runtime's own work around one compute action (the stage's chunk bookkeeping,
   the schedule's dispatch, the loss call). One rank runs ScheduleGPipe on a one-rank group over
   a one-block segment of the run's shape, first and last at once (so no P2P), M micro-batches
@@ -24,12 +25,12 @@ Two figures, which the replay charges to every action of every pipe schedule ali
   step (its module's forwards, the loss, and the autograd pass of every backward, none of the
   stage's own bookkeeping, which action_s holds); then each, the other waiting, runs the same
   forwards and backwards alone; in turns, so a drift reaches both; the ratio of the medians,
-  averaged over the two ranks. Ranks that pass messages while they compute pay more than ranks
-  computing side by side (the transport's threads, memory still holding micro-batches in
-  flight), so the forecast scales the compute of every pipe candidate by this factor instead.
+  averaged over the two ranks. Ranks passing messages while they compute can pay more than ranks
+  computing side by side (the transport's threads take cores too; micro-batches stay in memory
+  in flight), so the forecast scales the compute of every pipe candidate by this factor instead.
 On an accelerator action_s is measured the same way on the device (synchronised); p2p_op_s is
-0 and shared_factor and pipe_factor 1: one device cannot time an op between two, nor two ranks on two devices,
-and `how` says so.
+0 and shared_factor and pipe_factor 1: one device cannot time an op between two, nor two ranks
+on two devices, and `how` says so.
 """
 
 from __future__ import annotations

@@ -26,7 +26,14 @@ from __future__ import annotations
 import math
 
 from seamkit.config import RunConfig, SeamkitError
-from seamkit.forecast.candidates import E2E, LOCAL, Candidate, candidates
+from seamkit.forecast.candidates import (
+    DELAYED,
+    E2E,
+    LOCAL,
+    Candidate,
+    arms_of,
+    candidates,
+)
 from seamkit.forecast.costs import (
     check_costs,
     check_matches,
@@ -104,7 +111,64 @@ def _pipe(c: Candidate, costs: dict, link: Link) -> dict:
             "allreduce_s": norms, "optimizer_s": max(opt), "relabelled": order.relabelled}
 
 
-def step_time(c: Candidate, costs: dict, link: Link) -> dict:
+def _delayed_rank_costs(c: Candidate, costs: dict, cfg: RunConfig) -> tuple[list, list, list, list]:
+    """before_send, after_send, update and outgoing message bytes of each rank of the delayed arm
+    (seamkit.seams.pipeline.delayed): each segment's forward (the last's with the LM loss), then
+    its backward of a batch d*(S-1-k) steps old, input and weights (B; the first segment's, the
+    weights only), through the kept graph, or with weight_stashing off its forward re-run first;
+    where local_weight > 0 every non-final segment's aux head too (its forward, loss and backward,
+    and that gradient through the segment into its weights, local_backward_s)."""
+    rows, last, sc = c.rows, len(c.segments) - 1, cfg.seams
+    ranks = max(c.owner) + 1
+    before, after, update, out_bytes = [0.0] * ranks, [0.0] * ranks, [0.0] * ranks, [0] * ranks
+    for k, seg in enumerate(c.segments):
+        r = c.owner[k]
+        fwd = part(costs, seg, rows, "forward_s")
+        aux = 0.0
+        update[r] += costs["optimizer_s"][seg]
+        if sc.local_weight > 0 and k != last:
+            aux = part(costs, seg, rows, "aux_s") + part(costs, seg, rows, "local_backward_s")
+            update[r] += costs["aux_optimizer_s"]
+        back = part(costs, seg, rows, "backward_s") + (fwd if k != last and not sc.weight_stashing else 0.0)
+        if k == last or c.owner[k + 1] != r:  # the rank's last segment: its output goes on after its forward
+            before[r] += fwd
+            after[r] += aux + back
+            out_bytes[r] = 0 if k == last else part(costs, seg, rows, "activation_bytes")
+        else:
+            before[r] += fwd + aux
+            after[r] += back
+    return before, after, update, out_bytes
+
+
+def _delayed_stages(c: Candidate, costs: dict, link: Link, cfg: RunConfig) -> dict:
+    """The delayed arm on ranks: every step ends in one small all_reduce (the global clip's norms,
+    the losses, the non-finite flags) that every rank waits on, so a step is a chain: rank r
+    starts its forwards when rank r-1's output arrives, and the all_reduce ends when the last of
+    the ranks has run its forwards and its backwards; then every rank updates. The late
+    gradients it backpropagates were sent a step or more before and wait for no one (seams.delay
+    >= 1); with no delay each rank's backward waits for the next rank's, as in one pipe step."""
+    before, after, update, out_bytes = _delayed_rank_costs(c, costs, cfg)
+    S = len(before)
+    msg = [link.seconds(b) for b in out_bytes]  # an activation forwards; its gradient, as large, back
+    ready, sent = 0.0, []
+    for r in range(S):
+        sent.append(ready + before[r])  # rank r's forwards done, its output sent
+        ready = sent[-1] + msg[r]
+    reach = [0.0] * S  # when rank r reaches the all_reduce
+    for r in reversed(range(S)):
+        start = sent[r]
+        if cfg.seams.delay == 0 and r < S - 1:  # no delay: this step's gradient comes back from rank r+1
+            start = max(start, reach[r + 1] + msg[r])
+        reach[r] = start + after[r]
+    heads = (len(c.segments) - 1) * 2 if cfg.seams.local_weight > 0 else 0  # an AuxHead: norm and read-out weights
+    ar = allreduce_s((2 * (costs["n_tensors"] + heads) + 2 * len(c.segments)) * 4, c.devices, link)
+    step = max(reach) + ar + max(update)
+    busy = sum(before) + sum(after) + sum(update)
+    return {"step_s": step, "bubble": 1 - busy / (c.devices * step), "allreduce_s": ar,
+            "slowest_rank_s": max(b + a + u for b, a, u in zip(before, after, update))}
+
+
+def step_time(c: Candidate, costs: dict, link: Link, cfg: RunConfig | None = None) -> dict:
     """{"step_s", "bubble", ...} of one feasible candidate."""
     seg = c.segments[0]
     if c.arm == E2E and c.name == "single":
@@ -116,6 +180,13 @@ def step_time(c: Candidate, costs: dict, link: Link) -> dict:
         return {"step_s": compute + ar, "bubble": ar / (compute + ar), "allreduce_s": ar}
     if c.arm == E2E:
         return _pipe(c, costs, link)
+    if c.arm == DELAYED:
+        if cfg is None:
+            raise ForecastError("the delayed arm's step needs the run config (seams.delay, weight_stashing, local_weight)")
+        if c.name == "single":
+            before, after, update, _ = _delayed_rank_costs(c, costs, cfg)
+            return {"step_s": before[0] + after[0] + update[0], "bubble": 0.0}
+        return _delayed_stages(c, costs, link, cfg)
     before, after, out_bytes = _local_rank_costs(c, costs)
     if c.name == "single":
         return {"step_s": before[0] + after[0], "bubble": 0.0}
@@ -146,7 +217,7 @@ def forecast(cfg: RunConfig, devices=(1, 2, 4, 8), costs: dict | None = None, li
     tokens = cfg.data.batch * cfg.model.seq
     by_n = {}
     for n in devices:
-        arms = {E2E: {}, LOCAL: {}}
+        arms = {a: {} for a in arms_of(cfg)}
         for c in candidates(cfg, n, cores=cores, threads=threads):
             at = costs_at(costs, c.threads)
             if at is None and c.reason is None:
@@ -160,7 +231,7 @@ def forecast(cfg: RunConfig, devices=(1, 2, 4, 8), costs: dict | None = None, li
                 if c.devices > 1 and c.name != "single":  # several ranks computing at once on the host
                     rt = runtime_of(costs)
                     at = shared(at, rt["pipe_factor"] if c.schedule else rt["shared_factor"])
-                t = step_time(c, at, link)
+                t = step_time(c, at, link, cfg)
                 entry.update(t, tokens_per_s=tokens / t["step_s"])
             arms[c.arm][c.name] = entry
         for arm, cands in arms.items():
@@ -217,20 +288,22 @@ def _steps_to_target(curve, target: float) -> float | None:
 def time_to_target(report: dict, curves: dict, target: float | None) -> dict:
     """Forecast seconds to `target` held-out loss at every N for each arm's best candidate.
 
-    curves = {"e2e": [[(step, loss), ...] per seed], "local": [...]}: held-out loss against steps,
-    which no placement changes (every placement trains the same maths). Each seed's steps to the
-    target over the forecast step rate, summarised over seeds by `seamkit.stats.stats` (mean and
-    t-based 95% interval). The break-even N is the first where local's mean beats the best e2e's."""
+    curves = {"e2e": [[(step, loss), ...] per seed], "local": [...], "delayed": [...] where the
+    forecast has that arm}: held-out loss against steps, which no placement changes (every
+    placement trains the same maths). Each seed's steps to the target over the forecast step rate,
+    summarised over seeds by `seamkit.stats.stats` (mean and t-based 95% interval). The break-even
+    N is the first where local's or delayed's mean beats the best e2e's (`break_even_arm` says which)."""
     if target is None or not (isinstance(target, (int, float)) and math.isfinite(target)):
         raise ForecastError(f"time to target needs a finite target loss, got {target!r}")
-    for arm in (E2E, LOCAL):
+    arms = [a for a in report["by_devices"][str(report["devices"][0])] if a in (E2E, LOCAL) or curves.get(a)]
+    for arm in arms:
         if not curves.get(arm):
             raise ForecastError(f"time to target needs at least one {arm} curve of (step, loss) points")
-    steps = {arm: [_steps_to_target(c, target) for c in curves[arm]] for arm in (E2E, LOCAL)}
-    by_n, even = {}, None
+    steps = {arm: [_steps_to_target(c, target) for c in curves[arm]] for arm in arms}
+    by_n, even, even_arm = {}, None, None
     for n in report["devices"]:
         row = {}
-        for arm in (E2E, LOCAL):
+        for arm in arms:
             best = report["by_devices"][str(n)][arm]["best"]
             if best is None:
                 row[arm] = {"candidate": None, "seconds": None, "reached": 0, "seeds": len(steps[arm])}
@@ -238,13 +311,17 @@ def time_to_target(report: dict, curves: dict, target: float | None) -> dict:
             step_s = report["by_devices"][str(n)][arm]["candidates"][best]["step_s"]
             secs = [s * step_s for s in steps[arm] if s is not None]
             row[arm] = {"candidate": best, "seconds": stats(secs), "reached": len(secs), "seeds": len(steps[arm])}
-        e, lo = row[E2E]["seconds"], row[LOCAL]["seconds"]
-        row["local_first"] = bool(e and lo and lo["mean"] < e["mean"]) or bool(lo and not e)
-        if row["local_first"] and even is None:
-            even = n
+        e = row[E2E]["seconds"]
+        for arm in arms[1:]:
+            lo = row[arm]["seconds"]
+            row[f"{arm}_first"] = bool(e and lo and lo["mean"] < e["mean"]) or bool(lo and not e)
+        first = [a for a in arms[1:] if row[f"{a}_first"]]
+        if first and even is None:
+            even, even_arm = n, min(first, key=lambda a: row[a]["seconds"]["mean"])
         by_n[str(n)] = row
-    return {"target": target, "steps_to_target": steps, "by_devices": by_n, "break_even_devices": even,
-            "break_even": f"N={even}" if even else f"none up to N_max={max(report['devices'])}"}
+    return {"target": target, "arms": arms, "steps_to_target": steps, "by_devices": by_n, "break_even_devices": even,
+            "break_even_arm": even_arm,
+            "break_even": f"N={even} ({even_arm})" if even else f"none up to N_max={max(report['devices'])}"}
 
 
 def summary_lines(report: dict) -> list[str]:
