@@ -245,7 +245,7 @@ def test_the_update_is_timed_as_every_step_runs_it(clip, monkeypatch):
 
 
 def test_measured_costs_have_every_part_positive(tmp_path):
-    cfg = preset("tiny")
+    cfg = override(preset("tiny"), {"seams.arms": "e2e,local,delayed"})
     table = measure_costs(cfg, [1, 2], repeats=1)
     assert table["device"] == "cpu" and table["torch_version"] and table["machine"]["cpu_count"]
     need = needed(cfg, [1, 2])
@@ -259,6 +259,9 @@ def test_measured_costs_have_every_part_positive(tmp_path):
         assert (e["activation_bytes"] == 0) == last
         if "aux_s" in e:
             assert (e["aux_s"] > 0) != last and e["local_backward_s"] > 0
+            # the delayed arm's stashed forward and its backward, on every segment but the last
+            assert ("kept_forward_s" in e) != last and all(e[p] > 0 for p in ("kept_forward_s", "kept_backward_s")
+                                                           if p in e), key
     assert all(v > 0 for v in table["optimizer_s"].values()) and table["aux_optimizer_s"] > 0
     rt = table["runtime"]  # measured: two spawned gloo processes
     assert table["backward_split"] == "torch" and rt["action_s"] >= 0 and rt["p2p_op_s"] > 0 and rt["how"]
@@ -614,8 +617,9 @@ def _delayed_by_hand(table: dict, cfg, n: int) -> float:
     sc = cfg.seams
     fwd, back, aux, upd = {}, {}, {}, [0.0] * n
     for k in range(4):
-        fwd[k] = e(k, "forward_s")
-        back[k] = e(k, "backward_s") + (fwd[k] if k < 3 and not sc.weight_stashing else 0)
+        kept = k < 3 and sc.weight_stashing  # the stashed forward and its backward: the table's own parts
+        fwd[k] = e(k, "kept_forward_s" if kept else "forward_s")
+        back[k] = e(k, "kept_backward_s" if kept else "backward_s") + (fwd[k] if k < 3 and not sc.weight_stashing else 0)
         aux[k] = e(k, "aux_s") + e(k, "local_backward_s") if sc.local_weight > 0 and k < 3 else 0
         upd[owner[k]] += table["optimizer_s"][segs[k]] + (table["aux_optimizer_s"] if aux[k] else 0)
     mine = [[k for k in range(4) if owner[k] == r] for r in range(n)]
@@ -635,9 +639,13 @@ def test_delayed_stages_step_is_the_forward_chain_then_the_backwards(seams):
     """Every step ends in an all_reduce all ranks wait on, so rank r's backwards start after the
     forwards of ranks 0..r (with no delay, after rank r+1's backward too). Planted faults this
     catches: the step as the slowest rank's own work (a pipelined steady state); the re-run
-    forward without stashing, or the aux heads, left out; delay 0 treated as 1."""
+    forward without stashing, or the aux heads, left out; delay 0 treated as 1; the plain forward
+    and backward used where the table has the stashed ones."""
     cfg = _delayed_cfg(**seams)
     table = fake_costs(cfg, [1, 2, 4])
+    for key, e in table["segments"].items():  # the delayed parts, as costs.py times them, unlike B and F
+        if not key.startswith("last") and key.endswith(f"@{cfg.data.batch}"):
+            e.update(kept_forward_s=3 * e["forward_s"], kept_backward_s=5 * e["backward_s"])
     rep = forecast(cfg, [1, 2, 4], costs=table, link=FREE)
     for n in (2, 4):
         c = rep["by_devices"][str(n)]["delayed"]["candidates"]["stages"]
@@ -659,3 +667,22 @@ def test_time_to_target_names_the_arm_that_breaks_even():
     assert tt["by_devices"]["1"]["delayed_first"] and not tt["by_devices"]["1"]["local_first"]
     two = time_to_target(rep, {"e2e": slow, "local": slow}, 3.0)  # no delayed curves: the arm is left out
     assert two["arms"] == ["e2e", "local"] and "delayed" not in two["by_devices"]["1"]
+
+
+def test_curves_from_report_take_the_delayed_arm_where_every_seed_ran_it():
+    cfg = preset("tiny")
+    doc = seams_doc(forecast(cfg, [1, 2], costs=fake_costs(cfg, [1, 2]), link=FREE))
+    assert curves_from_report(doc)["arms"] == ["e2e", "local"]
+    for k, r in enumerate(doc["repeats"]):
+        r["arms"]["delayed"] = {"status": "complete", "steps": 80, "final_loss": 2.9 - k}
+        for row in r["equal_tokens"]:
+            row["delayed"] = {"loss": 5.1 - row["step"] / 10}
+        r["time_to_target"]["points"]["delayed"] = [[1.0, 4.0], [9.0, 2.9 - k]]
+        r["time_to_target"]["target_loss"] = max(r["time_to_target"]["target_loss"], 2.9 - k)
+    c = curves_from_report(doc)
+    assert c["arms"] == ["e2e", "local", "delayed"]
+    want = [[(10.0, 5.1 - 1), (20.0, 5.1 - 2), (80.0, 2.9)], [(10.0, 5.1 - 1), (20.0, 5.1 - 2), (80.0, 2.9 - 1)]]
+    assert c["delayed"] == want
+    assert c["target"] == 2.9  # delayed's seed-0 final loss is now the worst any seed has
+    doc["repeats"][1]["arms"]["delayed"]["status"] = "failed"  # that seed is left out for every arm
+    assert curves_from_report(doc)["seeds"] == [0]

@@ -11,7 +11,11 @@ from a GPT of the run's config exactly as a pipeline rank cuts it:
   segment, whose input is tokens, I is 0 and W is the whole backward, as the runtime does it.
   Together they cost more than B: the split re-enters autograd once per group;
 - local rows also get aux_s (an AuxHead's forward, loss and backward on the segment output) and
-  local_backward_s (the weights' gradient with the input detached, as the local arm runs it).
+  local_backward_s (the weights' gradient with the input detached, as the local arm runs it);
+  where seams.arms names delayed (with weight stashing), every non-final one also gets the
+  delayed arm's own parts: kept_forward_s (a copy of the weights stashed, the forward over it
+  with its graph kept, `seams.delayed.kept_forward`) and kept_backward_s (that graph's backward
+  with the next segment's gradient, into the live weights' .grad), as pipeline/delayed.py runs them.
 Each figure is the mean of `repeats` timed runs after one untimed one (a run's speed is set by
 its mean step, the machine's interruptions included, which the median of a few short timings
 leaves out); FLOPs of every part are counted beside it with `seamkit.costs.count_flops`. The
@@ -47,13 +51,14 @@ from torch.distributed.pipelining._backward import (
     stage_backward_weight,
 )
 
-from seamkit.config import RunConfig, SeamkitError
+from seamkit.config import RunConfig, SeamkitError, study_arms
 from seamkit.costs import count_flops
 from seamkit.forecast.candidates import needed
 from seamkit.forecast.runtime import NOT_MEASURED, measure_runtime
 from seamkit.model import GPT, lm_loss, param_dtype, resolve_device
 from seamkit.optim import make_optimizer
 from seamkit.report import machine, write_json
+from seamkit.seams.delayed import kept_forward
 from seamkit.seams.objectives import AuxHead
 from seamkit.seams.pipeline.plan import WIRE_DTYPES
 from seamkit.seams.pipeline.stage import Segment
@@ -63,6 +68,7 @@ COSTS_VERSION = 4  # 2: I and W timed through torch's own split; the runtime blo
 # zero_grad. 4: runtime.pipe_factor
 PARTS = ("forward_s", "backward_s", "backward_input_s", "backward_weight_s")
 LOCAL_PARTS = ("aux_s", "local_backward_s")
+DELAYED_PARTS = ("kept_forward_s", "kept_backward_s")  # the delayed arm's late segments, with weight stashing
 RUNTIME_PARTS = ("action_s", "p2p_op_s")  # runtime.py: seconds a compute action, a P2P op
 
 
@@ -122,7 +128,11 @@ def _measure_segment(model: GPT, cfg: RunConfig, seg: str, full_rows: int, local
     def grads(root, grad, wrt, retain=False):
         return torch.autograd.grad(root, wrt, grad, retain_graph=retain)
 
-    times = {k: [] for k in ("forward_s", "backward_s", "backward_input_s") + (LOCAL_PARTS if local else ())}
+    # the delayed arm's late segment: the forward over a stashed copy of the weights, its graph kept,
+    # then the backward of it with a gradient from the next segment, into the live .grad
+    delayed = local and not last and "delayed" in study_arms(cfg.seams.arms) and cfg.seams.weight_stashing
+    times = {k: [] for k in ("forward_s", "backward_s", "backward_input_s") + (LOCAL_PARTS if local else ())
+             + (DELAYED_PARTS if delayed else ())}
     head = None
     if local and not last:
         head = AuxHead(m.dim, classes, m.norm_eps).to(device=device, dtype=dtype)
@@ -143,6 +153,16 @@ def _measure_segment(model: GPT, cfg: RunConfig, seg: str, full_rows: int, local
             p.grad = None  # stage_backward_weight accumulates into .grad
         return t_i, t_w
 
+    def kept():
+        inp = x if first else x.detach().requires_grad_(True)
+        weights = {n: p.detach().clone().requires_grad_() for n, p in module.named_parameters()}
+        return inp, weights, kept_forward(module, weights, (inp,))[0]
+
+    def late_backward(inp, weights, out, grad):
+        got = torch.autograd.grad(out, list(weights.values()) + ([] if first else [inp]), grad)
+        for p, g_p in zip(params, got):
+            p.grad = g_p if p.grad is None else p.grad + g_p
+
     times["backward_weight_s"] = []
     for i in range(repeats + 1):  # the first run warms up and is not kept
         t_f, (inp, root, grad) = clock(lambda: fresh())
@@ -158,6 +178,13 @@ def _measure_segment(model: GPT, cfg: RunConfig, seg: str, full_rows: int, local
             _, root_d, grad_d = fresh(detached=True)
             sample["local_backward_s"] = clock(lambda: grads(root_d, grad_d, params))[0]
             sample["aux_s"] = clock(aux)[0] if head is not None else 0.0
+        if delayed:
+            t_kf, (inp, weights, h_out) = clock(kept)
+            grad = torch.randn_like(h_out)
+            sample["kept_forward_s"] = t_kf
+            sample["kept_backward_s"] = clock(lambda: late_backward(inp, weights, h_out, grad))[0]
+            for p in params:
+                p.grad = None
         if i > 0:
             for k, v in sample.items():
                 times[k].append(v)

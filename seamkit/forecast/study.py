@@ -38,6 +38,7 @@ from seamkit.forecast.costs import (
     check_costs,
     check_matches,
     costs_at,
+    entry_key,
     measure_costs,
     part,
     runtime_of,
@@ -115,7 +116,9 @@ def _delayed_rank_costs(c: Candidate, costs: dict, cfg: RunConfig) -> tuple[list
     """before_send, after_send, update and outgoing message bytes of each rank of the delayed arm
     (seamkit.seams.pipeline.delayed): each segment's forward (the last's with the LM loss), then
     its backward of a batch d*(S-1-k) steps old, input and weights (B; the first segment's, the
-    weights only), through the kept graph, or with weight_stashing off its forward re-run first;
+    weights only): through the kept graph over stashed weights (the table's kept_forward_s and
+    kept_backward_s; a table without them, forward_s and backward_s), or with weight_stashing
+    off, its forward re-run first (the first forward, under no_grad in the run, costed as forward_s);
     where local_weight > 0 every non-final segment's aux head too (its forward, loss and backward,
     and that gradient through the segment into its weights, local_backward_s)."""
     rows, last, sc = c.rows, len(c.segments) - 1, cfg.seams
@@ -123,13 +126,16 @@ def _delayed_rank_costs(c: Candidate, costs: dict, cfg: RunConfig) -> tuple[list
     before, after, update, out_bytes = [0.0] * ranks, [0.0] * ranks, [0.0] * ranks, [0] * ranks
     for k, seg in enumerate(c.segments):
         r = c.owner[k]
-        fwd = part(costs, seg, rows, "forward_s")
+        fwd, back = part(costs, seg, rows, "forward_s"), part(costs, seg, rows, "backward_s")
+        if k != last and sc.weight_stashing and "kept_forward_s" in costs["segments"][entry_key(seg, rows)]:
+            fwd, back = part(costs, seg, rows, "kept_forward_s"), part(costs, seg, rows, "kept_backward_s")
+        elif k != last and not sc.weight_stashing:
+            back += fwd  # the forward again, under the current weights, before its backward
         aux = 0.0
         update[r] += costs["optimizer_s"][seg]
         if sc.local_weight > 0 and k != last:
             aux = part(costs, seg, rows, "aux_s") + part(costs, seg, rows, "local_backward_s")
             update[r] += costs["aux_optimizer_s"]
-        back = part(costs, seg, rows, "backward_s") + (fwd if k != last and not sc.weight_stashing else 0.0)
         if k == last or c.owner[k + 1] != r:  # the rank's last segment: its output goes on after its forward
             before[r] += fwd
             after[r] += aux + back
