@@ -1,4 +1,4 @@
-"""The forecast: every placement of both arms at every N, from a cost table and a link, then its
+"""The forecast: every placement of each arm at every N, from a cost table and a link, then its
 check against measured runs and the time to a target loss it implies.
 
 Step time by candidate (rows, segments and owners from `candidates`):
@@ -9,11 +9,14 @@ Step time by candidate (rows, segments and owners from `candidates`):
   overhead too (`replay.with_runtime`, the table's `runtime`), then the one small allreduce of
   the gradient norms every rank waits on, then the slowest rank's optimizer step;
 - every candidate of more than one rank computes slower than one rank alone (`costs.shared`):
-  its ranks share the host; dp and local stages by `runtime.shared_factor` (ranks computing side
+  its ranks share the host; dp, local and delayed stages by `runtime.shared_factor` (ranks computing side
   by side), the pipe schedules by `runtime.pipe_factor` (ranks computing inside torch's
   pipelining runtime, passing messages meanwhile); a table without pipe_factor uses shared_factor;
 - local single: every segment's forward, aux head and detached backward, every optimizer step;
-- local stages: `replay_local` over the ranks' runs of segments with the Wire's queue of 2.
+- local stages: `replay_local` over the ranks' runs of segments with the Wire's queue of 2;
+- delayed (where seams.arms names it) single: every segment's forward and late backward
+  (`_delayed_rank_costs`), every update; stages: the forward chain that ends in the step's
+  all_reduce (`_delayed_stages`).
 tokens/s = batch x seq / step time; the bubble is the idle share of all ranks' time over a step.
 On a CPU table each candidate's costs are those measured with the threads its processes run
 (`candidates.single_threads`: `single` at N runs N x a rank's threads), never another count;
