@@ -456,6 +456,17 @@ def test_wait_timers_see_a_slow_neighbour(slow_bf16):
             assert r["other_s"] >= -1e-9 * r["elapsed_s"], (arm, r)
 
 
+def test_launch_runs_every_arm_seams_arms_names(tmp_path):
+    """`seamkit seams --stages N` with the delayed arm named runs it on the ranks too, and the
+    report is complete. Planted fault this catches: launch running e2e and local only (delayed
+    reported not_run, the study interrupted)."""
+    cfg = tiny(**{"train.max_steps": 2, "seams.arms": "e2e,local,delayed"})
+    report = D.launch(cfg, tmp_path / "r.json", 2, progress=False)
+    assert {a: v["status"] for a, v in report["arms"].items()} == dict.fromkeys(("e2e", "local", "delayed"),
+                                                                                 "complete")
+    assert report["status"] == "complete" and report["arms"]["delayed"]["steps"] == 2
+
+
 # ----------------------------------------------------------------------------- faults
 
 def test_nan_on_one_rank_fails_e2e_at_once_naming_it(tmp_path, monkeypatch):

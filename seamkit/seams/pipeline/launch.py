@@ -145,9 +145,11 @@ def _is_comm_error(msg: str) -> bool:
 
 def launch(cfg: RunConfig, out_path, stages: int | None = None, callback: Callable[[dict], None] | None = None,
            progress: bool = True, *, queue: int = 2, wire_dtype: str | None = None, timeout_s: float = 120.0,
-           save_state: str | None = None, arms=ARMS, keep_logs: bool = False) -> dict:
+           save_state: str | None = None, arms=None, keep_logs: bool = False) -> dict:
     """Run the seams study as `stages` real pipeline stages; returns the report.
 
+    `arms`: the arms to run, in turn (default: those seams.arms names, delayed included where it
+    is named).
     Each arm runs in S fresh processes (`python -m seamkit.seams.pipeline`, their own sessions,
     rendezvous through a file store). Events (start, point, progress, end) reach `callback` as
     in `seams.study.seams_study`. The first rank that dies stops the others; the report is written
@@ -166,6 +168,7 @@ def launch(cfg: RunConfig, out_path, stages: int | None = None, callback: Callab
     stages = stages or cfg.seams.stages
     if not stages:
         raise ConfigError("launch needs stages >= 1 (seams.stages or the stages argument)")
+    arms = tuple(arms) if arms is not None else C.study_arms(cfg.seams.arms)
     threads = cfg.train.threads or max(1, (os.cpu_count() or 1) // stages)
     cfg = C.override(cfg, {"seams.stages": stages, "train.threads": threads})
     plan = make_plan(cfg, stages, queue, wire_dtype)
@@ -205,7 +208,7 @@ def _launch_arms(cfg: RunConfig, plan, out_path: Path, rundir: Path, callback, p
     report = assemble(cfg, plan, parts, backend, "process: each arm on fresh processes, one per rank", failure,
                       results=results)
     write_report(out_path, report, "seams")
-    for arm in ARMS:  # once the report is written, each arm's end event as one process sends it
+    for arm in report["arms"]:  # once the report is written, each arm's end event as one process sends it
         cb({"kind": "end", "arm": arm, "status": report["arms"][arm].get("status"), "result": results.get(arm)})
     if error is not None:
         raise DistError(f"{error} (report: {out_path}" + (f"; logs in {rundir})" if keep_logs else ")"))
