@@ -64,7 +64,8 @@ def single_threads(cfg: RunConfig, n: int, threads: int) -> int:
 
 
 def _stages(cfg: RunConfig, arm: str, n: int, segs: list[str], reason: str | None) -> Candidate:
-    """The stages candidate of the local or delayed arm: segments grouped onto n ranks as plan.local_seams groups them."""
+    """The stages candidate of the local or delayed arm: the segments grouped onto n ranks as
+    plan.local_seams groups them."""
     c = Candidate(arm, "stages", n, cfg.data.batch, segs, reason=reason)
     try:
         _, held = local_seams(cfg, n)
@@ -72,11 +73,6 @@ def _stages(cfg: RunConfig, arm: str, n: int, segs: list[str], reason: str | Non
     except ConfigError as e:
         c.reason = c.reason or _reason(e)
     return c
-
-
-def arms_of(cfg: RunConfig) -> tuple[str, ...]:
-    """The arms the forecast covers: those seams.arms names (e2e and local always, delayed where named)."""
-    return study_arms(cfg.seams.arms)
 
 
 def candidates(cfg: RunConfig, n: int, cores: int | None = None, threads: int | None = None) -> list[Candidate]:
@@ -114,7 +110,7 @@ def candidates(cfg: RunConfig, n: int, cores: int | None = None, threads: int | 
     if len(local_segs) > 1 and cfg.seams.objective != "aux_head":  # costs.py times an AuxHead only
         why = f"seams.objective={cfg.seams.objective}: the forecast measures the aux_head objective only"
     # delayed learns from the gradients coming back, with AuxHeads (make_aux_heads) where local_weight > 0
-    arms = [(LOCAL, why)] + ([(DELAYED, None)] if DELAYED in arms_of(cfg) else [])
+    arms = [(LOCAL, why)] + ([(DELAYED, None)] if DELAYED in study_arms(cfg.seams.arms) else [])
     for arm, reason in arms:
         out.append(Candidate(arm, "single", 1, batch, local_segs, owner=[0] * len(local_segs), reason=reason))
         if n > 1:

@@ -53,7 +53,7 @@ from torch.distributed.pipelining._backward import (
 
 from seamkit.config import RunConfig, SeamkitError, study_arms
 from seamkit.costs import count_flops
-from seamkit.forecast.candidates import needed
+from seamkit.forecast.candidates import DELAYED, needed
 from seamkit.forecast.runtime import NOT_MEASURED, measure_runtime
 from seamkit.model import GPT, lm_loss, param_dtype, resolve_device
 from seamkit.optim import make_optimizer
@@ -130,7 +130,7 @@ def _measure_segment(model: GPT, cfg: RunConfig, seg: str, full_rows: int, local
 
     # the delayed arm's late segment: the forward over a stashed copy of the weights, its graph kept,
     # then the backward of it with a gradient from the next segment, into the live .grad
-    delayed = local and not last and "delayed" in study_arms(cfg.seams.arms) and cfg.seams.weight_stashing
+    delayed = local and not last and DELAYED in study_arms(cfg.seams.arms) and cfg.seams.weight_stashing
     times = {k: [] for k in ("forward_s", "backward_s", "backward_input_s") + (LOCAL_PARTS if local else ())
              + (DELAYED_PARTS if delayed else ())}
     head = None

@@ -152,6 +152,10 @@ def _final_held_out(rep: dict, arm: str) -> float | None:
     return rep["arms"][arm].get("final_loss")
 
 
+def _complete(rep: dict, arm: str) -> bool:
+    return rep.get("arms", {}).get(arm, {}).get("status") == "complete"
+
+
 def curves_from_report(report: dict) -> dict:
     """Per-seed loss-vs-steps curves of the study's arms from a seams report, and the target they imply.
 
@@ -160,14 +164,14 @@ def curves_from_report(report: dict) -> dict:
     equal-token row's (step, loss), then (final step, final held-out loss). The target is the
     largest of the seeds' own targets (each the worst arm's final held-out loss), so every seed of
     every arm reaches it."""
-    done = lambda r, a: r.get("arms", {}).get(a, {}).get("status") == "complete"  # noqa: E731
-    reps = [r for r in report.get("repeats") or [] if all(done(r, a) for a in BASE)]
+    reps = [r for r in report.get("repeats") or [] if all(_complete(r, a) for a in BASE)]
     if not reps:
         raise ForecastError("time to target: the seams report has no seed whose arms both completed")
     arms = BASE + tuple(a for a in ARMS if a not in BASE and all(a in r.get("arms", {}) for r in reps))
-    reps = [r for r in reps if all(done(r, a) for a in arms)]
+    reps = [r for r in reps if all(_complete(r, a) for a in arms)]
     if not reps:
-        raise ForecastError(f"time to target: the seams report has no seed whose arms ({', '.join(arms)}) all completed")
+        raise ForecastError(f"time to target: the seams report has no seed whose arms ({', '.join(arms)}) "
+                            "all completed")
     held = all(r.get("equal_tokens") and all(_finite(_final_held_out(r, a)) for a in arms) for r in reps)
     curves = {a: [] for a in arms}
     for r in reps:

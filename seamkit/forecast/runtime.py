@@ -40,6 +40,7 @@ import os
 import statistics
 import tempfile
 import time
+from typing import Callable
 
 import torch
 
@@ -112,6 +113,17 @@ def _p2p_op(rank: int, shape, dtype, repeats: int) -> float:
     return statistics.median(post[2:]) + statistics.median(wait[2:])
 
 
+def _alone(timed: Callable[[], float]) -> float:
+    """`timed()` on each rank in turn, the other waiting at a barrier; this rank's seconds."""
+    import torch.distributed as dist
+    mine = None
+    for turn in range(dist.get_world_size()):
+        dist.barrier()
+        if dist.get_rank() == turn:
+            mine = timed()
+    return mine
+
+
 def _shared_factor(cfg: RunConfig, rows: int, repeats: int) -> float:
     """This rank's (median time both at once) / (median time alone) of a middle block's forward and
     backward (module docstring); every rank calls it at once."""
@@ -127,12 +139,9 @@ def _shared_factor(cfg: RunConfig, rows: int, repeats: int) -> float:
         seg(h_BTC).backward(g_BTC)
         seg.zero_grad(set_to_none=True)
         return time.perf_counter() - t
-    rank, alone, both = dist.get_rank(), [], []
+    alone, both = [], []
     for _ in range(repeats + 1):  # the first turn warms up
-        for turn in (0, 1):
-            dist.barrier()
-            if rank == turn:
-                alone.append(timed())
+        alone.append(_alone(timed))
         dist.barrier()
         both.append(timed())
     return statistics.median(both[1:]) / statistics.median(alone[1:])
@@ -179,13 +188,17 @@ def _pipe_factor(cfg: RunConfig, rows: int, repeats: int) -> float:
     stage = pipelining.PipelineStage(Timed(), rank, 2, cpu, input_args=inp, output_args=out)
     sched = pipelining.Schedule1F1B(stage, n_microbatches=MICRO, loss_fn=loss, scale_grads=False)
 
-    def direct():
+    def direct_timed() -> float:
+        t = time.perf_counter()
         for k in range(MICRO):
             rows_k = slice(k * rows, (k + 1) * rows)
             if first:
                 seg(x_BT[rows_k]).backward(g_BTC)
             else:
                 (lm_loss(seg(h_BTC.detach().requires_grad_(True)), y_BT[rows_k]) / MICRO).backward()
+        t = time.perf_counter() - t
+        seg.zero_grad(set_to_none=True)
+        return t
 
     backward = stage_module.stage_backward
     stage_module.stage_backward = timing(backward)  # the autograd pass of every B the stage runs
@@ -197,13 +210,7 @@ def _pipe_factor(cfg: RunConfig, rows: int, repeats: int) -> float:
             sched.step(*((x_BT,) if first else ()), target=y_BT if last else None, losses=[], return_outputs=False)
             inside.append(spent[0])
             seg.zero_grad(set_to_none=True)
-            for turn in (0, 1):
-                dist.barrier()
-                if rank == turn:
-                    t = time.perf_counter()
-                    direct()
-                    alone.append(time.perf_counter() - t)
-                    seg.zero_grad(set_to_none=True)
+            alone.append(_alone(direct_timed))
     finally:
         stage_module.stage_backward = backward
     return statistics.median(inside[1:]) / statistics.median(alone[1:])

@@ -28,13 +28,12 @@ from __future__ import annotations
 
 import math
 
-from seamkit.config import RunConfig, SeamkitError
+from seamkit.config import RunConfig, SeamkitError, study_arms
 from seamkit.forecast.candidates import (
     DELAYED,
     E2E,
     LOCAL,
     Candidate,
-    arms_of,
     candidates,
 )
 from seamkit.forecast.costs import (
@@ -191,7 +190,8 @@ def step_time(c: Candidate, costs: dict, link: Link, cfg: RunConfig | None = Non
         return _pipe(c, costs, link)
     if c.arm == DELAYED:
         if cfg is None:
-            raise ForecastError("the delayed arm's step needs the run config (seams.delay, weight_stashing, local_weight)")
+            raise ForecastError("the delayed arm's step needs the run config "
+                                "(seams.delay, weight_stashing, local_weight)")
         if c.name == "single":
             before, after, update, _ = _delayed_rank_costs(c, costs, cfg)
             return {"step_s": before[0] + after[0] + update[0], "bubble": 0.0}
@@ -226,7 +226,7 @@ def forecast(cfg: RunConfig, devices=(1, 2, 4, 8), costs: dict | None = None, li
     tokens = cfg.data.batch * cfg.model.seq
     by_n = {}
     for n in devices:
-        arms = {a: {} for a in arms_of(cfg)}
+        arms = {a: {} for a in study_arms(cfg.seams.arms)}  # the arms seams.arms names
         for c in candidates(cfg, n, cores=cores, threads=threads):
             at = costs_at(costs, c.threads)
             if at is None and c.reason is None:
