@@ -269,6 +269,8 @@ def test_measured_costs_have_every_part_positive(tmp_path):
     # about 0.5 here (0.45 at the cpu preset), one that counted the waits too, far above 1
     assert 0.75 < rt["shared_factor"] < 3 and 0.75 < rt["pipe_factor"] < 3, rt
     assert rt["rows"] == min(r for s, r in need["segments"] if not s.startswith("whole"))
+    # DDP's all-reduce of every gradient as it runs here: seconds, not 0 nor the whole step
+    assert rt["dp_rows"] == cfg.data.batch // 2 and 0 < rt["dp_sync_s"] < 1, rt
     save_costs(tmp_path / "c.json", table)
     assert load_costs(tmp_path / "c.json") == json.loads(json.dumps(table))
 
@@ -599,6 +601,30 @@ def test_ranks_sharing_the_host_scale_every_multi_rank_candidate_s_compute_and_o
     both["runtime"]["pipe_factor"] = "fast"
     with pytest.raises(CostError, match="pipe_factor must be a number > 0"):
         forecast(cfg, [2], costs=both, link=FREE)
+
+
+def test_dp_at_two_loopback_ranks_charges_the_measured_ddp_cost_and_the_ring_elsewhere():
+    """Where the table measured DDP's cost (runtime.dp_sync_s, two ranks of the dp rows), dp's
+    step over loopback at N=2 is its compute plus exactly that; over another link, at another N or
+    for other rows, the ring all-reduce of every gradient as before. Planted faults this catches:
+    the measured figure ignored; charged over nvlink too; charged for rows it was not measured at."""
+    cfg = preset("tiny")
+    ring = _with_runtime_block(fake_costs(cfg, [1, 2, 4]), 0.0, 0.0)
+    sync = json.loads(json.dumps(ring))
+    sync["runtime"].update(dp_sync_s=0.125, dp_rows=cfg.data.batch // 2)
+    fast = Link(0.0, 1e300, name="loopback")  # a loopback of zero cost: the ring all-reduce is 0
+    kw = dict(link=fast, cores=8)
+    a, b = (forecast(cfg, [2, 4], costs=t, **kw)["by_devices"] for t in (ring, sync))
+    dp_a, dp_b = a["2"]["e2e"]["candidates"]["dp"], b["2"]["e2e"]["candidates"]["dp"]
+    assert dp_a["allreduce_s"] < 1e-200 and dp_b["allreduce_s"] == 0.125
+    assert dp_b["step_s"] == dp_a["step_s"] + 0.125 and "measured" in dp_b["allreduce_from"]
+    assert "ring" in dp_a["allreduce_from"]
+    assert b["4"]["e2e"]["candidates"]["dp"]["step_s"] == a["4"]["e2e"]["candidates"]["dp"]["step_s"]
+    other = forecast(cfg, [2], costs=sync, link=Link(0.0, 1e300, name="nvlink"), cores=8)["by_devices"]
+    assert other["2"]["e2e"]["candidates"]["dp"]["step_s"] == dp_a["step_s"]
+    sync["runtime"]["dp_rows"] += 1  # measured for other rows: not this candidate's cost
+    moved = forecast(cfg, [2], costs=sync, **kw)["by_devices"]["2"]["e2e"]["candidates"]["dp"]
+    assert moved["step_s"] == dp_a["step_s"]
 
 
 # ----------------------------------------------------------------------------- the delayed arm

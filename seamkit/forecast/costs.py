@@ -64,8 +64,8 @@ from seamkit.seams.pipeline.plan import WIRE_DTYPES
 from seamkit.seams.pipeline.stage import Segment
 
 COSTS_KIND = "seamkit-forecast-costs"
-COSTS_VERSION = 4  # 2: I and W timed through torch's own split; the runtime block. 3: the update's clip and
-# zero_grad. 4: runtime.pipe_factor
+COSTS_VERSION = 5  # 2: I and W timed through torch's own split; the runtime block. 3: the update's clip and
+# zero_grad. 4: runtime.pipe_factor. 5: runtime.dp_sync_s
 PARTS = ("forward_s", "backward_s", "backward_input_s", "backward_weight_s")
 LOCAL_PARTS = ("aux_s", "local_backward_s")
 DELAYED_PARTS = ("kept_forward_s", "kept_backward_s")  # the delayed arm's late segments, with weight stashing
@@ -299,7 +299,8 @@ def measure_costs(cfg: RunConfig, devices: list[int], repeats: int = 3, threads:
     elif not runtime:
         rt = {**NOT_MEASURED, "how": "not measured (measure_costs(runtime=False)): 0"}
     else:
-        rt = measure_runtime(cfg, pipe_rows[0], repeats=max(5 * repeats, 10), threads=threads)
+        dp_rows = cfg.data.batch // 2 if cpu and 2 in devices and cfg.data.batch % 2 == 0 else None
+        rt = measure_runtime(cfg, pipe_rows[0], repeats=max(5 * repeats, 10), threads=threads, dp_rows=dp_rows)
     return {
         "kind": COSTS_KIND, "version": COSTS_VERSION,
         "machine": machine(), "device": device.type,

@@ -28,13 +28,22 @@ p2p_op_s), and two factors the forecast scales compute by (shared_factor, pipe_f
   averaged over the two ranks. Ranks passing messages while they compute can pay more than ranks
   computing side by side (the transport's threads take cores too; micro-batches stay in memory
   in flight), so the forecast scales the compute of every pipe candidate by this factor instead.
+- dp_sync_s (where data parallelism is a candidate at two ranks): what DistributedDataParallel
+  adds to a step beyond its compute, as it runs here: both ranks hold the whole GPT in DDP at
+  the dp candidate's rows, and each step's forward and backward with the gradients' all-reduce
+  is paired with the same under `no_sync()` right after it; dp_sync_s is the median over pairs
+  of the difference, the mean of the two ranks. It holds the all-reduce as gloo runs it on this
+  host (its copies, its reduction, its threads beside the compute) and DDP's buckets, which
+  latency + bytes / bandwidth leaves out, so the forecast's dp step over this link at two ranks
+  charges it instead of the link's ring all-reduce (`study.step_time`).
 On an accelerator action_s is measured the same way on the device (synchronised); p2p_op_s is
-0 and shared_factor and pipe_factor 1: one device cannot time an op between two, nor two ranks
-on two devices, and `how` says so.
+0, shared_factor and pipe_factor 1, and dp_sync_s is not measured: one device cannot time an op
+between two, nor two ranks on two devices, and `how` says so.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import statistics
@@ -216,7 +225,34 @@ def _pipe_factor(cfg: RunConfig, rows: int, repeats: int) -> float:
     return statistics.median(inside[1:]) / statistics.median(alone[1:])
 
 
-def _worker(rank: int, init: str, cfg: RunConfig, rows: int, repeats: int, threads, out: str) -> None:
+def _dp_sync(cfg: RunConfig, rows: int, repeats: int) -> float:
+    """This rank's median (DDP step) - (the same step under no_sync) over the whole GPT at `rows`
+    rows (module docstring); every rank calls it at once."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+    m, dtype = cfg.model, param_dtype(cfg.train.dtype)
+    cpu = torch.device("cpu")
+    torch.manual_seed(cfg.train.seed)
+    seg = Segment(GPT(m).to(dtype=dtype), list(range(m.n_blocks)), True, True, cpu, dtype, dtype, cfg.train.dtype)
+    ddp = DistributedDataParallel(seg)
+    g = torch.Generator(device="cpu").manual_seed(dist.get_rank())
+    x_BT = torch.randint(0, m.vocab, (rows, m.seq), generator=g)
+    y_BT = torch.randint(0, m.vocab, (rows, m.seq), generator=g)
+
+    def timed(sync: bool) -> float:
+        dist.barrier()
+        t = time.perf_counter()
+        with contextlib.nullcontext() if sync else ddp.no_sync():
+            lm_loss(ddp(x_BT), y_BT).backward()
+        t = time.perf_counter() - t
+        seg.zero_grad(set_to_none=True)
+        return t
+    diffs = [timed(True) - timed(False) for _ in range(repeats + 2)][2:]  # two pairs warm up
+    return max(statistics.median(diffs), 0.0)
+
+
+def _worker(rank: int, init: str, cfg: RunConfig, rows: int, repeats: int, threads, out: str,
+            dp_rows: int | None = None) -> None:
     import torch.distributed as dist
     if threads:
         torch.set_num_threads(threads)
@@ -239,20 +275,26 @@ def _worker(rank: int, init: str, cfg: RunConfig, rows: int, repeats: int, threa
         pipe = [None, None]
         dist.all_gather_object(pipe, _pipe_factor(cfg, rows, max(repeats, 30)))
         result.update(pipe_factor=sum(pipe) / 2, pipe_factor_ranks=pipe)
+        if dp_rows:
+            sync = [None, None]
+            dist.all_gather_object(sync, _dp_sync(cfg, dp_rows, max(repeats // 2, 10)))
+            result.update(dp_sync_s=sum(sync) / 2, dp_sync_ranks=sync, dp_rows=dp_rows)
     dist.destroy_process_group()
     if rank == 0:
         with open(out, "w") as f:
             json.dump(result, f)
 
 
-def measure_runtime(cfg: RunConfig, rows: int, repeats: int = 20, threads: int | None = None) -> dict:
+def measure_runtime(cfg: RunConfig, rows: int, repeats: int = 20, threads: int | None = None,
+                    dp_rows: int | None = None) -> dict:
     """{"action_s", "p2p_op_s", "rows", "how", ...} for a pipe of `rows` rows a micro-batch, in two
-    spawned gloo processes of `threads` torch threads (CPU) on cfg.train.device (module docstring)."""
+    spawned gloo processes of `threads` torch threads (CPU) on cfg.train.device (module docstring);
+    with `dp_rows` (CPU), also dp_sync_s for a two-rank dp step of that many rows a rank."""
     import torch.multiprocessing as mp
     device = resolve_device(cfg.train.device)
     with tempfile.TemporaryDirectory() as d:
         init, out = f"file://{os.path.join(d, 'rdzv')}", os.path.join(d, "out.json")
-        mp.start_processes(_worker, args=(init, cfg, rows, repeats, threads, out), nprocs=2, start_method="spawn")
+        mp.start_processes(_worker, args=(init, cfg, rows, repeats, threads, out, dp_rows), nprocs=2, start_method="spawn")
         with open(out) as f:
             result = json.load(f)
     how = (f"action_s: ScheduleGPipe on one rank, one-block segment, {MICRO} micro-batches of {rows} rows, median "
@@ -264,6 +306,10 @@ def measure_runtime(cfg: RunConfig, rows: int, repeats: int = 20, threads: int |
                 f"of {max(repeats, 40)} turns, mean of the two ranks; pipe_factor: each rank's forward and backward "
                 f"compute inside a two-rank Schedule1F1B over one-block stages, {MICRO} micro-batches of {rows} rows, "
                 f"over the same compute alone, medians of {max(repeats, 30)} turns, mean of the two ranks")
+        if dp_rows:
+            how += (f"; dp_sync_s: the whole GPT in DDP on two ranks at {dp_rows} rows, a step with the gradients' "
+                    f"all-reduce less the same under no_sync, median of {max(repeats // 2, 10)} pairs, mean of the two "
+                    "ranks")
     else:
         result.update(p2p_op_s=0.0, shared_factor=1.0, pipe_factor=1.0)
         how += (f"p2p_op_s: 0, shared_factor and pipe_factor: 1, not measured on {device.type} (one device cannot "

@@ -4,7 +4,9 @@ check against measured runs and the time to a target loss it implies.
 Step time by candidate (rows, segments and owners from `candidates`):
 - e2e single: forward + backward of the whole GPT on the batch, one optimizer step;
 - e2e dp: the same on batch/N rows, a ring allreduce of every gradient (no overlap with the
-  backward: an upper bound on DDP's bucketed one), one optimizer step; bubble = the allreduce's share;
+  backward: an upper bound on DDP's bucketed one), one optimizer step; bubble = the allreduce's
+  share; at two ranks over loopback, where the table measured it, DDP's own cost in place of the
+  ring (`runtime.dp_sync_s`: gloo's all-reduce as it runs on this host, buckets and all);
 - e2e pipe: the replay of torch's order on batch/M rows, every action charged the runtime's
   overhead too (`replay.with_runtime`, the table's `runtime`), then the one small allreduce of
   the gradient norms every rank waits on, then the slowest rank's optimizer step;
@@ -176,6 +178,17 @@ def _delayed_stages(c: Candidate, costs: dict, link: Link, cfg: RunConfig) -> di
             "slowest_rank_s": max(b + a + u for b, a, u in zip(before, after, update))}
 
 
+def _dp_allreduce(c: Candidate, costs: dict, link: Link) -> tuple[float, str]:
+    """Seconds dp's gradient all-reduce adds to a step, and where the figure comes from: DDP's
+    measured cost (`runtime.dp_sync_s`) where the forecast is of what it was measured on (two
+    ranks of these rows over loopback), else the ring all-reduce of every gradient over the link."""
+    rt = costs.get("runtime") or {}
+    if (rt.get("dp_sync_s") is not None and c.devices == 2 and rt.get("dp_rows") == c.rows
+            and link.name.startswith("loopback")):
+        return rt["dp_sync_s"], "measured: runtime.dp_sync_s (DDP on two loopback ranks)"
+    return allreduce_s(costs["grad_bytes"], c.devices, link), f"ring all-reduce of every gradient over {link.name}"
+
+
 def step_time(c: Candidate, costs: dict, link: Link, cfg: RunConfig | None = None) -> dict:
     """{"step_s", "bubble", ...} of one feasible candidate."""
     seg = c.segments[0]
@@ -184,8 +197,8 @@ def step_time(c: Candidate, costs: dict, link: Link, cfg: RunConfig | None = Non
         return {"step_s": step, "bubble": 0.0}
     if c.name == "dp":
         compute = part(costs, seg, c.rows, "forward_s") + part(costs, seg, c.rows, "backward_s") + costs["optimizer_s"][seg]
-        ar = allreduce_s(costs["grad_bytes"], c.devices, link)
-        return {"step_s": compute + ar, "bubble": ar / (compute + ar), "allreduce_s": ar}
+        ar, source = _dp_allreduce(c, costs, link)
+        return {"step_s": compute + ar, "bubble": ar / (compute + ar), "allreduce_s": ar, "allreduce_from": source}
     if c.arm == E2E:
         return _pipe(c, costs, link)
     if c.arm == DELAYED:
