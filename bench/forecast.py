@@ -42,9 +42,14 @@ from seamkit.report import provenance, write_json
 from seamkit.seams import calibration
 from seamkit.seams.placement import candidates
 
+TARGET = 0.15  # every candidate at N=2 within this relative error
+
 
 def build(args) -> C.RunConfig:
-    return C.override(C.preset(args.preset), C.parse_overrides(args.overrides))
+    over = C.parse_overrides(args.overrides)
+    if getattr(args, "steps", None):
+        over["seams.calibrate_steps"] = args.steps
+    return C.override(C.preset(args.preset), over)
 
 
 def validation(args) -> dict:
@@ -98,15 +103,24 @@ def validation(args) -> dict:
         row["forecast"] = statistics.median(e["forecast"] for e in mine)
         row["measured"] = statistics.median(e["measured"] for e in mine)
         row["relative_error"] = statistics.median(e["relative_error"] for e in mine)
+        got = [e["measured"] for e in mine]
+        # the candidate's own run-to-run spread: how far this machine moves the measured side alone
+        row["measured_spread"] = (max(got) - min(got)) / row["measured"]
     v["worst"] = max(v["errors"], key=lambda e: abs(e["relative_error"]), default=None)
+    v["within_target"] = {str(n): {"target": TARGET, "within": sum(abs(e["relative_error"]) <= TARGET for e in rows),
+                                   "of": len(rows)}
+                          for n in devices if (rows := [e for e in v["errors"] if e["devices"] == n])}
     v["missing"] += flagged + didnt
     v["source"] = (f"bench/forecast.py, {args.rounds} interleaved round(s), each with costs measured at its start; "
                    "error: the median over rounds of the round's (forecast - measured) / measured")
     report = forecasts[-1]
     report["validation"] = v
     print("\n".join(summary_lines(report) + validation_lines(v)))
+    for n, w in v["within_target"].items():
+        print(f"N={n}: {w['within']} of {w['of']} candidates within {w['target']:.0%}")
     return {"mode": "validation", "rounds": args.rounds, "measured": by_n,
             "measured_rounds": spread, "flagged": flagged, "errors": v["errors"], "worst": v["worst"],
+            "within_target": v["within_target"], "steps": cfg.seams.calibrate_steps, "cost_repeats": args.repeats,
             "forecast": report, "round_costs": [f["cost_table"]["runtime"] | {"seconds": f["costs_seconds"]}
                                                 for f in forecasts]}
 
@@ -146,6 +160,8 @@ def main(argv=None) -> int:
     ap.add_argument("--devices", default="1,2", help="device counts (default 1,2; 1,2,4,8,16 with --seed-scale)")
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds of every candidate")
     ap.add_argument("--repeats", type=int, default=5, help="timed runs of every cost entry (their mean)")
+    ap.add_argument("--steps", type=int, default=None,
+                    help="steps of every measured run (seams.calibrate_steps; its first quarter is warm-up)")
     ap.add_argument("--link", default="loopback", help="the link of the validation forecast (ranks on this host)")
     ap.add_argument("--seed-scale", action="store_true", help="forecast only, the seed preset's scaling (docstring)")
     ap.add_argument("--seed-link", default="nvlink", help="--seed-scale: the link")
