@@ -17,7 +17,7 @@ takes too long, so every entry is timed at --max-rows rows and scaled linearly i
 output's `assumed` says so), and the ranks are given a core each (cores = N_max x threads), so no
 N is flagged: a CPU's compute per rank with a GPU's link, a shape of the curve, not a GPU forecast.
 
-    python bench/forecast.py --preset cpu --devices 1,2 --rounds 3 --set seams.arms=e2e,local,delayed --out bench/results/forecast.json
+    python bench/forecast.py --preset cpu --devices 1,2 --rounds 5 --repeats 15 --steps 60 --set seams.arms=e2e,local,delayed --out bench/results/forecast.json
     python bench/forecast.py --seed-scale --out bench/results/forecast_seed_scale.json
 """
 
