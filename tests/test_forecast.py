@@ -625,6 +625,14 @@ def test_dp_at_two_loopback_ranks_charges_the_measured_ddp_cost_and_the_ring_els
     sync["runtime"]["dp_rows"] += 1  # measured for other rows: not this candidate's cost
     moved = forecast(cfg, [2], costs=sync, **kw)["by_devices"]["2"]["e2e"]["candidates"]["dp"]
     assert moved["step_s"] == dp_a["step_s"]
+    for key, bad, why in (("dp_sync_s", -1.0, "dp_sync_s must be a number >= 0"),
+                          ("dp_sync_s", "slow", "dp_sync_s must be a number >= 0"),
+                          ("dp_rows", None, "dp_rows must be a whole number >= 1")):
+        broken = json.loads(json.dumps(sync))
+        broken["runtime"][key] = bad
+        with pytest.raises(CostError, match=why) as e:
+            forecast(cfg, [2], costs=broken, **kw)
+        assert len(str(e.value).splitlines()) == 1
 
 
 # ----------------------------------------------------------------------------- the delayed arm

@@ -362,6 +362,12 @@ def check_costs(table, where: str = "cost table") -> None:
             f = rt.get(name, 1.0)
             if not isinstance(f, (int, float)) or isinstance(f, bool) or not f > 0:
                 raise CostError(f"{where}: runtime.{name} must be a number > 0 (a ratio of seconds), got {f!r}")
+        if "dp_sync_s" in rt:
+            f, rows = rt["dp_sync_s"], rt.get("dp_rows")
+            if not isinstance(f, (int, float)) or isinstance(f, bool) or not f >= 0:
+                raise CostError(f"{where}: runtime.dp_sync_s must be a number >= 0 (seconds), got {f!r}")
+            if not isinstance(rows, int) or isinstance(rows, bool) or rows < 1:
+                raise CostError(f"{where}: runtime.dp_rows must be a whole number >= 1 beside dp_sync_s, got {rows!r}")
     by = table.get("by_threads", {})
     if not isinstance(by, dict):
         raise CostError(f"{where}: by_threads is not an object of thread count -> costs")
