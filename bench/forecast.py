@@ -47,7 +47,7 @@ TARGET = 0.15  # every candidate at N=2 within this relative error
 
 def build(args) -> C.RunConfig:
     over = C.parse_overrides(args.overrides)
-    if getattr(args, "steps", None):
+    if args.steps:
         over["seams.calibrate_steps"] = args.steps
     return C.override(C.preset(args.preset), over)
 

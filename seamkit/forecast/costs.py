@@ -268,7 +268,7 @@ def measure_costs(cfg: RunConfig, devices: list[int], repeats: int = 3, threads:
     max_rows: time at most this many rows an entry and scale linearly (module docstring).
     runtime: measure the pipelining runtime's overhead (`runtime.measure_runtime`, two spawned
     processes, seconds) at the smallest rows a pipe candidate runs; False stores zeros, said so."""
-    if max_rows is not None and (isinstance(max_rows, bool) or not isinstance(max_rows, int) or max_rows < 1):
+    if max_rows is not None and (not _whole(max_rows) or max_rows < 1):
         raise CostError(f"max_rows must be a whole number >= 1 (or None: every entry at its own rows), got {max_rows!r}")
     device = resolve_device(cfg.train.device)
     m, dtype = cfg.model, param_dtype(cfg.train.dtype)
@@ -344,6 +344,15 @@ def load_costs(path) -> dict:
     return table
 
 
+def _number(v) -> bool:
+    """An int or float, not a bool (JSON's true is no number of seconds)."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _whole(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
 def check_costs(table, where: str = "cost table") -> None:
     if not isinstance(table, dict) or table.get("kind") != COSTS_KIND:
         raise CostError(f"{where} is not a seamkit forecast cost table (no kind={COSTS_KIND!r})")
@@ -354,19 +363,19 @@ def check_costs(table, where: str = "cost table") -> None:
     _check_entries(table["segments"], f"{where}: segments")
     rt = table.get("runtime")
     if rt is not None:
-        bad = [k for k in RUNTIME_PARTS if not isinstance(rt, dict) or not isinstance(rt.get(k), (int, float))
-               or isinstance(rt.get(k), bool) or rt.get(k) < 0]
+        bad = [k for k in RUNTIME_PARTS if not isinstance(rt, dict) or not _number(rt.get(k))
+               or rt.get(k) < 0]
         if bad:
             raise CostError(f"{where}: runtime.{bad[0]} missing or not a number >= 0 (seconds)")
         for name in ("shared_factor", "pipe_factor"):
             f = rt.get(name, 1.0)
-            if not isinstance(f, (int, float)) or isinstance(f, bool) or not f > 0:
+            if not _number(f) or not f > 0:
                 raise CostError(f"{where}: runtime.{name} must be a number > 0 (a ratio of seconds), got {f!r}")
         if "dp_sync_s" in rt:
             f, rows = rt["dp_sync_s"], rt.get("dp_rows")
-            if not isinstance(f, (int, float)) or isinstance(f, bool) or not f >= 0:
+            if not _number(f) or not f >= 0:
                 raise CostError(f"{where}: runtime.dp_sync_s must be a number >= 0 (seconds), got {f!r}")
-            if not isinstance(rows, int) or isinstance(rows, bool) or rows < 1:
+            if not _whole(rows) or rows < 1:
                 raise CostError(f"{where}: runtime.dp_rows must be a whole number >= 1 beside dp_sync_s, got {rows!r}")
     by = table.get("by_threads", {})
     if not isinstance(by, dict):
@@ -382,7 +391,7 @@ def _check_entries(segments: dict, where: str) -> None:
     for name, e in segments.items():
         for part in PARTS + ("activation_bytes",):
             v = e.get(part) if isinstance(e, dict) else None
-            if not isinstance(v, (int, float)) or isinstance(v, bool) or v < 0:
+            if not _number(v) or v < 0:
                 raise CostError(f"{where}.{name}.{part} missing or not a number >= 0")
 
 
