@@ -24,6 +24,7 @@ N is flagged: a CPU's compute per rank with a GPU's link, a shape of the curve, 
 from __future__ import annotations
 
 import argparse
+import copy
 import shlex
 import statistics
 import sys
@@ -37,6 +38,8 @@ from seamkit.forecast import (
     validate_report,
     validation_lines,
 )
+from seamkit.forecast.candidates import candidates as forecast_candidates
+from seamkit.forecast.costs import measure_candidate, with_entries
 from seamkit.forecast.study import summary_lines
 from seamkit.report import provenance, write_json
 from seamkit.seams import calibration
@@ -56,8 +59,10 @@ def validation(args) -> dict:
     cfg = build(args)
     devices = parse_devices(args.devices)
     report = _round_forecast(cfg, devices, args)  # the first round's costs; also says what it flags
+    cost_threads = report["cost_table"].get("threads")
     todo, flagged = [], []
     for n in devices:
+        mine = {(c.arm, c.name): c for c in forecast_candidates(cfg, n, cores=report["cores"], threads=cost_threads)}
         for arm, ps in candidates(cfg, n).items():
             for p in ps:
                 f = report["by_devices"][str(n)][arm]["candidates"].get(p.name)
@@ -65,18 +70,26 @@ def validation(args) -> dict:
                     flagged.append({"arm": arm, "devices": n, "candidate": p.name,
                                     "why": f["reason"] if f else "not a candidate of the forecast"})
                 else:
-                    todo.append((n, arm, p))
-    rounds = {(n, arm, p.name): [] for n, arm, p in todo}
+                    todo.append((n, arm, p, mine[(arm, p.name)]))
+    keys = [(n, arm, p.name) for n, arm, p, _ in todo]
+    speeds = {k: [] for k in keys}
+    paired = {k: [] for k in keys}  # each round's forecast from the candidate's entries timed around its run
     forecasts = []  # each round's forecast, from the costs measured at that round's start
     for r in range(args.rounds):
         if r:
             report = _round_forecast(cfg, devices, args)
         forecasts.append(report)
-        for n, arm, p in todo if r % 2 == 0 else todo[::-1]:
+        for n, arm, p, c in todo if r % 2 == 0 else todo[::-1]:
             print(f"round {r + 1}/{args.rounds}: N={n} {arm} on {p.name}", flush=True)
-            rounds[(n, arm, p.name)].append(calibration.measure(cfg, n, {arm: [p]}, rounds=1)["tokens_per_s"][arm][p.name])
+            before = measure_candidate(cfg, c, args.repeats)
+            speed = calibration.measure(cfg, n, {arm: [p]}, rounds=1)["tokens_per_s"][arm][p.name]
+            after = measure_candidate(cfg, c, args.repeats)
+            table = with_entries(report["cost_table"], c.threads, [before, after])
+            f = forecast(cfg, [n], costs=table, link=args.link)["by_devices"][str(n)][arm]["candidates"][p.name]
+            speeds[(n, arm, p.name)].append(speed)
+            paired[(n, arm, p.name)].append(f)
     measured, spread, didnt = {a: {} for a in C.study_arms(cfg.seams.arms)}, [], []
-    for (n, arm, name), vals in rounds.items():
+    for (n, arm, name), vals in speeds.items():
         ok = [v for v in vals if v is not None]
         if not ok:
             didnt.append({"arm": arm, "devices": n, "candidate": name, "why": "did not finish in any round"})
@@ -86,43 +99,65 @@ def validation(args) -> dict:
         spread.append({"arm": arm, "devices": n, "candidate": name, "rounds": vals, "median": med,
                        "spread": (max(ok) - min(ok)) / med})
     by_n = {n: {a: measured[a].get(n, {}) for a in measured} for n in devices}
-    # each round's forecast against that round's measurement (one minute of the machine for both),
-    # the error of a candidate the median over rounds; validate_report gives the threads each
-    # measured process had beside each row (CPU)
-    per_round = []
+    # two forecasts of every run, each held to it: from the candidate's entries timed just before and
+    # just after the run (the error the bench reports), and from the costs measured at its round's start
+    # (minutes away, so the machine's drift over a round shows in it); validate_report gives the threads
+    # each measured process had beside each row (CPU)
+    per_round = {"paired": [], "round_start": []}
     for r, fr in enumerate(forecasts):
-        got = {n: {a: {name: vals[r] for (m, b, name), vals in rounds.items() if m == n and b == a
+        got = {n: {a: {name: vals[r] for (m, b, name), vals in speeds.items() if m == n and b == a
                        and vals[r] is not None} for a in measured} for n in devices}
-        per_round.append(validate_report(fr, {"measured": got, "run_config": cfg.to_dict(), "device": fr["costs"]["device"]}))
-    v = per_round[0]
+        doc = {"measured": got, "run_config": cfg.to_dict(), "device": fr["costs"]["device"]}
+        per_round["round_start"].append(validate_report(fr, doc))
+        per_round["paired"].append(validate_report(_with_paired(fr, paired, r), doc))
+    v = per_round["paired"][0]
     for row in v["errors"]:
         key = (row["devices"], row["arm"], row["candidate"])
-        mine = [next(e for e in pr["errors"] if (e["devices"], e["arm"], e["candidate"]) == key) for pr in per_round
-                if any((e["devices"], e["arm"], e["candidate"]) == key for e in pr["errors"])]
-        row["rounds"] = [{k: e[k] for k in ("forecast", "measured", "relative_error")} for e in mine]
-        row["forecast"] = statistics.median(e["forecast"] for e in mine)
-        row["measured"] = statistics.median(e["measured"] for e in mine)
-        row["relative_error"] = statistics.median(e["relative_error"] for e in mine)
-        got = [e["measured"] for e in mine]
-        # the candidate's own run-to-run spread: how far this machine moves the measured side alone
-        row["measured_spread"] = (max(got) - min(got)) / row["measured"]
+        for how, rounds in per_round.items():
+            mine = [e for pr in rounds for e in pr["errors"] if (e["devices"], e["arm"], e["candidate"]) == key]
+            row[f"{how}_rounds"] = [{k: e[k] for k in ("forecast", "measured", "relative_error")} for e in mine]
+            row[f"{how}_error"] = statistics.median(e["relative_error"] for e in mine)
+            if how == "paired":
+                row["forecast"] = statistics.median(e["forecast"] for e in mine)
+                row["measured"] = statistics.median(e["measured"] for e in mine)
+                row["relative_error"] = row["paired_error"]
+                got = [e["measured"] for e in mine]
+                # the candidate's own run-to-run spread: how far this machine moves the measured side alone
+                row["measured_spread"] = (max(got) - min(got)) / row["measured"]
     v["worst"] = max(v["errors"], key=lambda e: abs(e["relative_error"]), default=None)
-    v["within_target"] = {str(n): {"target": TARGET, "within": sum(abs(e["relative_error"]) <= TARGET for e in rows),
-                                   "of": len(rows)}
-                          for n in devices if (rows := [e for e in v["errors"] if e["devices"] == n])}
+    v["within_target"] = {}
+    for n in devices:
+        rows = [e for e in v["errors"] if e["devices"] == n]
+        if rows:
+            v["within_target"][str(n)] = {"target": TARGET, "of": len(rows),
+                                          **{("within" if how == "paired" else f"within_{how}"):
+                                             sum(abs(e[f"{how}_error"]) <= TARGET for e in rows) for how in per_round}}
     v["missing"] += flagged + didnt
-    v["source"] = (f"bench/forecast.py, {args.rounds} interleaved round(s), each with costs measured at its start; "
-                   "error: the median over rounds of the round's (forecast - measured) / measured")
+    v["source"] = (f"bench/forecast.py, {args.rounds} interleaved round(s); error: the median over rounds of "
+                   "(forecast - measured) / measured, the forecast from the candidate's cost entries timed just "
+                   "before and just after its run (their mean) and the runtime figures of its round's start; "
+                   "round_start_error: the same from every cost measured at the round's start")
     report = forecasts[-1]
     report["validation"] = v
     print("\n".join(summary_lines(report) + validation_lines(v)))
     for n, w in v["within_target"].items():
-        print(f"N={n}: {w['within']} of {w['of']} candidates within {w['target']:.0%}")
+        print(f"N={n}: {w['within']} of {w['of']} candidates within {w['target']:.0%} "
+              f"(from the round's start: {w['within_round_start']})")
     return {"mode": "validation", "rounds": args.rounds, "measured": by_n,
             "measured_rounds": spread, "flagged": flagged, "errors": v["errors"], "worst": v["worst"],
             "within_target": v["within_target"], "steps": cfg.seams.calibrate_steps, "cost_repeats": args.repeats,
             "forecast": report, "round_costs": [f["cost_table"]["runtime"] | {"seconds": f["costs_seconds"]}
                                                 for f in forecasts]}
+
+
+def _with_paired(report: dict, paired: dict, r: int) -> dict:
+    """The round's forecast report with each measured candidate's entry the one forecast from
+    its own entries timed around its run in round r."""
+    out = copy.deepcopy(report)
+    for (n, arm, name), fs in paired.items():
+        if r < len(fs):
+            out["by_devices"][str(n)][arm]["candidates"][name] = fs[r]
+    return out
 
 
 def _round_forecast(cfg, devices, args) -> dict:

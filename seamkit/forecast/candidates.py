@@ -140,6 +140,14 @@ def needed(cfg: RunConfig, devices: list[int], threads: int | None = None) -> di
                 at = {"segments": seg, "local": local}
             else:
                 at = by_threads.setdefault(c.threads, {"segments": set(), "local": set()})
-            for k in c.segments:
-                at["segments" if c.arm == E2E else "local"].add((k, c.rows))
+            for kind, keys in reads(c).items():
+                at[kind] |= keys
     return {"segments": seg, "local": local, "by_threads": by_threads}
+
+
+def reads(c: Candidate) -> dict:
+    """The cost-table entries one candidate's forecast reads, {"segments": {(seg_key, rows)},
+    "local": {(seg_key, rows)}}, measured with c.threads (the local and delayed arms' entries
+    carry the aux head and detached backward too)."""
+    keys = {(k, c.rows) for k in c.segments}
+    return {"segments": keys if c.arm == E2E else set(), "local": set() if c.arm == E2E else keys}

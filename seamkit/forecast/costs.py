@@ -53,7 +53,7 @@ from torch.distributed.pipelining._backward import (
 
 from seamkit.config import RunConfig, SeamkitError, study_arms
 from seamkit.costs import count_flops
-from seamkit.forecast.candidates import DELAYED, needed
+from seamkit.forecast.candidates import DELAYED, Candidate, needed, reads
 from seamkit.forecast.runtime import NOT_MEASURED, measure_runtime
 from seamkit.model import GPT, lm_loss, param_dtype, resolve_device
 from seamkit.optim import make_optimizer
@@ -316,6 +316,49 @@ def measure_costs(cfg: RunConfig, devices: list[int], repeats: int = 3, threads:
         **base, "by_threads": by_threads, "by_threads_unmeasured": unmeasured,
         "backward_split": "torch", "runtime": rt,
     }
+
+
+def measure_candidate(cfg: RunConfig, c: Candidate, repeats: int = 3) -> dict:
+    """The entries one candidate's forecast reads (`candidates.reads`), measured now with its
+    process's threads (CPU): {"segments", "optimizer_s", "aux_optimizer_s"}, as `measure_costs`
+    measures them. A validation times these right beside the candidate's run, so the machine's
+    drift between a table measured minutes before and the run is not counted as the model's error
+    (`with_entries` puts them into a table)."""
+    device = resolve_device(cfg.train.device)
+    m, dtype = cfg.model, param_dtype(cfg.train.dtype)
+    need = reads(c)
+    before = torch.get_num_threads()
+    try:
+        if device.type == "cpu" and c.threads:
+            torch.set_num_threads(c.threads)
+        torch.manual_seed(cfg.train.seed)
+        model = GPT(m).to(device=device, dtype=dtype)
+        classes = min(cfg.seams.aux_classes, m.vocab) + 1
+        return _measure_table(model, cfg, need["segments"], need["local"], device, repeats, classes, None)
+    finally:
+        torch.set_num_threads(before)
+
+
+def with_entries(table: dict, threads: int | None, measured: list[dict]) -> dict:
+    """`table` with the entries of `measured` (`measure_candidate` results at `threads`, one or
+    more) in place of its own, each time the mean over them (timed before and after a run, the
+    mean cancels a drift that is linear over the run); FLOPs and bytes are the first's (they do
+    not depend on when they were counted). The rest of the table (runtime figures, other entries)
+    is kept."""
+    if not measured:
+        return table
+    first = measured[0]
+    segs = {k: {n: statistics.fmean(t["segments"][k][n] for t in measured) if n.endswith("_s") else v
+                for n, v in e.items()} for k, e in first["segments"].items()}
+    opt = {k: statistics.fmean(t["optimizer_s"][k] for t in measured) for k in first["optimizer_s"]}
+    aux = statistics.fmean(t["aux_optimizer_s"] for t in measured)
+    own = threads is None or threads == (table.get("threads") or 1)
+    at = table if own else (table.get("by_threads") or {}).get(str(threads), {"segments": {}, "optimizer_s": {}})
+    new = {"segments": {**at["segments"], **segs}, "optimizer_s": {**at["optimizer_s"], **opt},
+           "aux_optimizer_s": aux}
+    if own:
+        return {**table, **new}
+    return {**table, "by_threads": {**(table.get("by_threads") or {}), str(threads): new}}
 
 
 # ----------------------------------------------------------------------------- saving and loading
