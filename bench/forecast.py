@@ -1,15 +1,20 @@
 """Benchmark: the forecast (seamkit.forecast) against every placement candidate measured here (not a test).
 
 Validation (the default): --rounds rounds, each starting with the costs measured afresh
-(`measure_costs`) and the forecast made from them at every N of --devices, then every placement
-candidate (`seams.placement.candidates`) trained for `seams.calibrate_steps` steps with
+(`measure_costs`: every entry, the runtime's figures, the sharing factors, DDP's cost) and the
+forecast made from them at every N of --devices, then every placement candidate
+(`seams.placement.candidates`) trained for `seams.calibrate_steps` steps with
 `seams.calibration.measure`: round r runs every candidate once, in the listed order on even
 rounds and reversed on odd ones, so a machine that slows over the run slows the candidates
-alike. This machine's speed drifts by 10-20% over minutes, so a forecast is held to the runs of
-its own round: a candidate's error is the median over rounds of (forecast - measured) / measured,
-its speed the median over rounds, and the worst is named. A candidate the
-forecast flags (oversubscribed: more ranks x threads than cores; or one that cannot run) is
-reported with the reason and not measured.
+alike. Right before and right after its run, the cost entries the candidate's forecast reads
+(`costs.measure_candidate`) are timed again, and the candidate is forecast from their mean in
+place of the round's (`costs.with_entries`; the runtime's figures stay the round's): both sides
+of its error then come from the same minute of the machine. A candidate's error is the median
+over rounds of (forecast - measured) / measured, its speed the median over rounds, and the worst
+is named; beside it, `round_start_error` is the same from the round's own table (measured
+minutes before the later runs), and each round keeps the forecasts from the timings before and
+after the run alone. A candidate the forecast flags (oversubscribed: more ranks x threads than
+cores; or one that cannot run) is reported with the reason and not measured.
 
 --seed-scale: no measured runs; the forecast of a preset (default seed) at N = 1,2,4,8,16 from
 costs measured on this CPU, over the nvlink link. Timing the seed model at full rows on a CPU
@@ -84,10 +89,12 @@ def validation(args) -> dict:
             before = measure_candidate(cfg, c, args.repeats)
             speed = calibration.measure(cfg, n, {arm: [p]}, rounds=1)["tokens_per_s"][arm][p.name]
             after = measure_candidate(cfg, c, args.repeats)
-            table = with_entries(report["cost_table"], c.threads, [before, after])
-            f = forecast(cfg, [n], costs=table, link=args.link)["by_devices"][str(n)][arm]["candidates"][p.name]
+            one = {k: _candidate_forecast(cfg, n, arm, p.name, report["cost_table"], c.threads, ts, args.link)
+                   for k, ts in (("both", [before, after]), ("before", [before]), ("after", [after]))}
+            # each timing's own forecast beside their mean's: how far the machine moved over the run
             speeds[(n, arm, p.name)].append(speed)
-            paired[(n, arm, p.name)].append(f)
+            paired[(n, arm, p.name)].append(one["both"] | {"tokens_per_s_before": one["before"]["tokens_per_s"],
+                                                           "tokens_per_s_after": one["after"]["tokens_per_s"]})
     measured, spread, didnt = {a: {} for a in C.study_arms(cfg.seams.arms)}, [], []
     for (n, arm, name), vals in speeds.items():
         ok = [v for v in vals if v is not None]
@@ -117,13 +124,15 @@ def validation(args) -> dict:
             mine = [e for pr in rounds for e in pr["errors"] if (e["devices"], e["arm"], e["candidate"]) == key]
             row[f"{how}_rounds"] = [{k: e[k] for k in ("forecast", "measured", "relative_error")} for e in mine]
             row[f"{how}_error"] = statistics.median(e["relative_error"] for e in mine)
-            if how == "paired":
-                row["forecast"] = statistics.median(e["forecast"] for e in mine)
-                row["measured"] = statistics.median(e["measured"] for e in mine)
-                row["relative_error"] = row["paired_error"]
-                got = [e["measured"] for e in mine]
-                # the candidate's own run-to-run spread: how far this machine moves the measured side alone
-                row["measured_spread"] = (max(got) - min(got)) / row["measured"]
+        ran = [e for e, s in zip(paired[key], speeds[key]) if s is not None]  # the rounds validated
+        for r, e in zip(row["paired_rounds"], ran):
+            r.update(forecast_before=e["tokens_per_s_before"], forecast_after=e["tokens_per_s_after"])
+        mine = row["paired_rounds"]
+        got = [e["measured"] for e in mine]
+        row.update(forecast=statistics.median(e["forecast"] for e in mine), measured=statistics.median(got),
+                   relative_error=row["paired_error"])
+        # the candidate's own run-to-run spread: how far this machine moves the measured side alone
+        row["measured_spread"] = (max(got) - min(got)) / row["measured"]
     v["worst"] = max(v["errors"], key=lambda e: abs(e["relative_error"]), default=None)
     v["within_target"] = {}
     for n in devices:
@@ -148,6 +157,12 @@ def validation(args) -> dict:
             "within_target": v["within_target"], "steps": cfg.seams.calibrate_steps, "cost_repeats": args.repeats,
             "forecast": report, "round_costs": [f["cost_table"]["runtime"] | {"seconds": f["costs_seconds"]}
                                                 for f in forecasts]}
+
+
+def _candidate_forecast(cfg, n: int, arm: str, name: str, table: dict, threads, timed: list, link) -> dict:
+    """One candidate's forecast entry from `table` with its own entries (`timed`) in place."""
+    rep = forecast(cfg, [n], costs=with_entries(table, threads, timed), link=link)
+    return rep["by_devices"][str(n)][arm]["candidates"][name]
 
 
 def _with_paired(report: dict, paired: dict, r: int) -> dict:

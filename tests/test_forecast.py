@@ -35,8 +35,8 @@ from seamkit.forecast import (
 )
 from seamkit.forecast import costs as costs_module
 from seamkit.forecast import validate as validate_forecast
-from seamkit.forecast.candidates import needed
-from seamkit.forecast.costs import COSTS_KIND, PARTS, CostError, entry_key
+from seamkit.forecast.candidates import candidates, needed, reads
+from seamkit.forecast.costs import COSTS_KIND, PARTS, CostError, entry_key, measure_candidate, with_entries
 from seamkit.forecast.replay import p2p_ops, with_runtime
 from seamkit.seams.pipeline.plan import placement
 
@@ -468,8 +468,9 @@ def test_single_at_n_is_forecast_from_costs_measured_with_n_threads():
     assert bare["e2e"]["candidates"]["dp"]["forecast"] and bare["e2e"]["best"] != "single"
 
 
-def test_measure_costs_times_single_with_the_threads_its_process_runs(monkeypatch):
-    cfg = preset("tiny")
+@pytest.fixture
+def timed_entries(monkeypatch) -> list:
+    """(entry key, torch threads) of every segment entry measured while the test runs."""
     seen = []
     measure = costs_module._measure_segment
 
@@ -477,6 +478,12 @@ def test_measure_costs_times_single_with_the_threads_its_process_runs(monkeypatc
         seen.append((entry_key(seg, rows), torch.get_num_threads()))
         return measure(model, cfg, seg, rows, *args, **kwargs)
     monkeypatch.setattr(costs_module, "_measure_segment", recording)
+    return seen
+
+
+def test_measure_costs_times_single_with_the_threads_its_process_runs(timed_entries, monkeypatch):
+    cfg = preset("tiny")
+    seen = timed_entries
     monkeypatch.setattr(costs_module, "usable_cores", lambda: 2)  # N=4's 4 threads: more than the cores
     table = measure_costs(cfg, [1, 2, 4], repeats=1, runtime=False)
     need = needed(cfg, [1, 2, 4], threads=1)
@@ -488,6 +495,55 @@ def test_measure_costs_times_single_with_the_threads_its_process_runs(monkeypatc
     rep = forecast(cfg, [1, 2, 4], costs=table, link=FREE, cores=8)
     assert rep["by_devices"]["2"]["e2e"]["candidates"]["single"]["forecast"]
     assert "4 threads" in rep["by_devices"]["4"]["e2e"]["candidates"]["single"]["reason"]
+
+
+def _entries_times(table: dict, c, factor: float) -> dict:
+    """What `measure_candidate` would return for candidate c, read from `table` with every time
+    `factor` times as long."""
+    at = costs_module.costs_at(table, c.threads)
+    keys = {entry_key(seg, rows) for pairs in reads(c).values() for seg, rows in pairs}
+    return {"segments": {k: {p: v * factor if p.endswith("_s") else v for p, v in at["segments"][k].items()}
+                         for k in keys},
+            "optimizer_s": {k.split("@")[0]: at["optimizer_s"][k.split("@")[0]] * factor for k in keys},
+            "aux_optimizer_s": at["aux_optimizer_s"] * factor}
+
+
+def test_a_candidate_s_own_entries_timed_again_set_its_whole_forecast():
+    # the validation forecasts each candidate from its entries timed around its run: those entries
+    # (reads) must be all its forecast reads, at its own threads, the mean of the timings taken
+    cfg = override(preset("tiny"), {"seams.arms": "e2e,local,delayed"})
+    table = cpu_costs(cfg, [1, 2])
+    base = forecast(cfg, [1, 2], costs=table, link=FREE)
+    seen = 0
+    for n in (1, 2):
+        for c in candidates(cfg, n, cores=8, threads=1):
+            if c.reason is not None:
+                continue
+            # before x1 and after x3: their mean doubles every time, exactly in binary
+            twice = with_entries(table, c.threads, [_entries_times(table, c, 1), _entries_times(table, c, 3)])
+            got = forecast(cfg, [n], costs=twice, link=FREE)["by_devices"][str(n)][c.arm]["candidates"][c.name]
+            want = base["by_devices"][str(n)][c.arm]["candidates"][c.name]
+            assert got["step_s"] == 2 * want["step_s"], (n, c.arm, c.name)
+            seen += 1
+    assert seen >= 12
+
+
+def test_measure_candidate_times_its_entries_with_its_process_threads(timed_entries):
+    cfg = preset("tiny")
+    seen = timed_entries
+    before = torch.get_num_threads()
+    got = {}
+    for c in candidates(cfg, 2, threads=1):
+        if c.reason is None and c.name in ("single", "dp"):
+            seen.clear()
+            sub = measure_candidate(cfg, c, repeats=1)
+            want = {entry_key(seg, rows) for pairs in reads(c).values() for seg, rows in pairs}
+            assert set(sub["segments"]) == want and {k for k, _ in seen} == want, (c.arm, c.name)
+            assert {t for _, t in seen} == {c.threads}, (c.arm, c.name)
+            assert all(v > 0 for e in sub["segments"].values() for p, v in e.items() if p == "forward_s")
+            got[(c.arm, c.name)] = c.threads
+    assert got[("e2e", "single")] == 2 and got[("e2e", "dp")] == 1
+    assert torch.get_num_threads() == before
 
 
 # ----------------------------------------------------------------------------- the runtime's overhead
