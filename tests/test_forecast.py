@@ -36,7 +36,14 @@ from seamkit.forecast import (
 from seamkit.forecast import costs as costs_module
 from seamkit.forecast import validate as validate_forecast
 from seamkit.forecast.candidates import candidates, needed, reads
-from seamkit.forecast.costs import COSTS_KIND, PARTS, CostError, entry_key, measure_candidate, with_entries
+from seamkit.forecast.costs import (
+    COSTS_KIND,
+    PARTS,
+    CostError,
+    entry_key,
+    measure_candidate,
+    with_entries,
+)
 from seamkit.forecast.replay import p2p_ops, with_runtime
 from seamkit.seams.pipeline.plan import placement
 
