@@ -25,7 +25,7 @@ N is flagged and no sharing factor applies; the pipelining runtime's figures are
 not a GPU forecast.
 
     python bench/forecast.py --preset cpu --devices 1,2 --rounds 6 --repeats 15 --steps 60 --set seams.arms=e2e,local,delayed --out bench/results/forecast.json
-    python bench/forecast.py --seed-scale --out bench/results/forecast_seed_scale.json
+    python bench/forecast.py --seed-scale --set seams.arms=e2e,local,delayed --out bench/results/forecast_seed_scale.json
 """
 
 from __future__ import annotations
@@ -171,9 +171,8 @@ def _with_paired(report: dict, paired: dict, r: int) -> dict:
     """The round's forecast report with each measured candidate's entry the one forecast from
     its own entries timed around its run in round r."""
     out = copy.deepcopy(report)
-    for (n, arm, name), fs in paired.items():
-        if r < len(fs):
-            out["by_devices"][str(n)][arm]["candidates"][name] = fs[r]
+    for (n, arm, name), fs in paired.items():  # every candidate has one a round
+        out["by_devices"][str(n)][arm]["candidates"][name] = fs[r]
     return out
 
 

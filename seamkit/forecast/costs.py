@@ -249,6 +249,13 @@ def _measure_table(model: GPT, cfg: RunConfig, segs: set, local: set, device, re
     return {"segments": entries, "optimizer_s": optimizer, "aux_optimizer_s": _time_update(head, cfg, device, repeats)}
 
 
+def _timed_model(cfg: RunConfig, device) -> tuple[GPT, int]:
+    """The GPT every timed segment is cut from (seeded as the run's) and its aux heads' classes."""
+    torch.manual_seed(cfg.train.seed)
+    model = GPT(cfg.model).to(device=device, dtype=param_dtype(cfg.train.dtype))
+    return model, min(cfg.seams.aux_classes, cfg.model.vocab) + 1
+
+
 def usable_cores() -> int:
     """Cores this process may run on (its affinity), the most threads a cost is measured with."""
     try:
@@ -271,7 +278,7 @@ def measure_costs(cfg: RunConfig, devices: list[int], repeats: int = 3, threads:
     if max_rows is not None and (not _whole(max_rows) or max_rows < 1):
         raise CostError(f"max_rows must be a whole number >= 1 (or None: every entry at its own rows), got {max_rows!r}")
     device = resolve_device(cfg.train.device)
-    m, dtype = cfg.model, param_dtype(cfg.train.dtype)
+    m = cfg.model
     cpu = device.type == "cpu"
     threads = (threads or cfg.train.threads or 1) if cpu else None
     before = torch.get_num_threads()
@@ -279,10 +286,8 @@ def measure_costs(cfg: RunConfig, devices: list[int], repeats: int = 3, threads:
     try:
         if cpu:
             torch.set_num_threads(threads)
-        torch.manual_seed(cfg.train.seed)
-        model = GPT(m).to(device=device, dtype=dtype)
+        model, classes = _timed_model(cfg, device)
         need = needed(cfg, devices, threads=threads)
-        classes = min(cfg.seams.aux_classes, m.vocab) + 1
         base = _measure_table(model, cfg, need["segments"], need["local"], device, repeats, classes, max_rows)
         for t, at in sorted(need["by_threads"].items()):
             if t > usable_cores():
@@ -325,15 +330,12 @@ def measure_candidate(cfg: RunConfig, c: Candidate, repeats: int = 3) -> dict:
     drift between a table measured minutes before and the run is not counted as the model's error
     (`with_entries` puts them into a table)."""
     device = resolve_device(cfg.train.device)
-    m, dtype = cfg.model, param_dtype(cfg.train.dtype)
     need = reads(c)
     before = torch.get_num_threads()
     try:
         if device.type == "cpu" and c.threads:
             torch.set_num_threads(c.threads)
-        torch.manual_seed(cfg.train.seed)
-        model = GPT(m).to(device=device, dtype=dtype)
-        classes = min(cfg.seams.aux_classes, m.vocab) + 1
+        model, classes = _timed_model(cfg, device)
         return _measure_table(model, cfg, need["segments"], need["local"], device, repeats, classes, None)
     finally:
         torch.set_num_threads(before)
