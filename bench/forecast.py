@@ -7,9 +7,10 @@ forecast made from them at every N of --devices, then every placement candidate
 `seams.calibration.measure`: round r runs every candidate once, in the listed order on even
 rounds and reversed on odd ones, so a machine that slows over the run slows the candidates
 alike. Right before and right after its run, the cost entries the candidate's forecast reads
-(`costs.measure_candidate`) are timed again, and the candidate is forecast from their mean in
-place of the round's (`costs.with_entries`; the runtime's figures stay the round's): both sides
-of its error then come from the same minute of the machine. A candidate's error is the median
+(`costs.measure_candidate`) are timed again, and, for a candidate of several ranks, its own
+sharing factor (shares.py), and the candidate is forecast from their means in place of the
+round's (`costs.with_entries`; the runtime's other figures stay the round's): both sides of its
+error then come from the same minute of the machine. A candidate's error is the median
 over rounds of (forecast - measured) / measured, its speed the median over rounds, and the worst
 is named; beside it, `round_start_error` is the same from the round's own table (measured
 minutes before the later runs), and each round keeps the forecasts from the timings before and
@@ -88,10 +89,10 @@ def validation(args) -> dict:
         forecasts.append(report)
         for n, arm, p, c in todo if r % 2 == 0 else todo[::-1]:
             print(f"round {r + 1}/{args.rounds}: N={n} {arm} on {p.name}", flush=True)
-            before = measure_candidate(cfg, c, args.repeats)
+            before = measure_candidate(cfg, c, args.repeats, share=True)
             speed = calibration.measure(cfg, n, {arm: [p]}, rounds=1)["tokens_per_s"][arm][p.name]
-            after = measure_candidate(cfg, c, args.repeats)
-            one = {k: _candidate_forecast(cfg, n, arm, p.name, report["cost_table"], c.threads, ts, args.link)
+            after = measure_candidate(cfg, c, args.repeats, share=True)
+            one = {k: _candidate_forecast(cfg, n, arm, p.name, report["cost_table"], c, ts, args.link)
                    for k, ts in (("both", [before, after]), ("before", [before]), ("after", [after]))}
             # each timing's own forecast beside their mean's: how far the machine moved over the run
             speeds[(n, arm, p.name)].append(speed)
@@ -161,9 +162,10 @@ def validation(args) -> dict:
                                                 for f in forecasts]}
 
 
-def _candidate_forecast(cfg, n: int, arm: str, name: str, table: dict, threads, timed: list, link) -> dict:
-    """One candidate's forecast entry from `table` with its own entries (`timed`) in place."""
-    rep = forecast(cfg, [n], costs=with_entries(table, threads, timed), link=link)
+def _candidate_forecast(cfg, n: int, arm: str, name: str, table: dict, c, timed: list, link) -> dict:
+    """One candidate's forecast entry from `table` with its own entries and sharing factor
+    (`timed`) in place."""
+    rep = forecast(cfg, [n], costs=with_entries(table, c, timed), link=link)
     return rep["by_devices"][str(n)][arm]["candidates"][name]
 
 

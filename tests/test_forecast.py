@@ -44,7 +44,13 @@ from seamkit.forecast.costs import (
     measure_candidate,
     with_entries,
 )
-from seamkit.forecast.replay import p2p_ops, with_runtime
+from seamkit.forecast.replay import p2p_ops, resume_at, with_runtime
+from seamkit.forecast.shares import (
+    measure_shares,
+    pace_factor,
+    rank_segments,
+    share_key,
+)
 from seamkit.seams.pipeline.plan import placement
 
 FREE = Link(0.0, 1e300, name="free")
@@ -527,7 +533,7 @@ def test_a_candidate_s_own_entries_timed_again_set_its_whole_forecast():
             if c.reason is not None:
                 continue
             # before x1 and after x3: their mean doubles every time, exactly in binary
-            twice = with_entries(table, c.threads, [_entries_times(table, c, 1), _entries_times(table, c, 3)])
+            twice = with_entries(table, c, [_entries_times(table, c, 1), _entries_times(table, c, 3)])
             got = forecast(cfg, [n], costs=twice, link=FREE)["by_devices"][str(n)][c.arm]["candidates"][c.name]
             want = base["by_devices"][str(n)][c.arm]["candidates"][c.name]
             assert got["step_s"] == 2 * want["step_s"], (n, c.arm, c.name)
@@ -580,6 +586,110 @@ def test_runtime_overhead_adds_each_action_and_each_p2p_op_exactly():
     assert plus.makespan_s - base.makespan_s == 4 * a + 4 * p
 
 
+def test_a_rank_that_waited_for_another_s_message_resumes_wake_s_after_it():
+    """wake_s is charged where a rank sat waiting for a message from another rank, once, and not
+    where the message was there before the rank was free. Planted faults this catches: no charge;
+    a charge on every message from another rank, waited for or not."""
+    F, B = schedules._ComputationType.FORWARD, schedules._ComputationType.FULL_BACKWARD
+    c, msg, wake = Fraction(3), Fraction(1, 5), Fraction(1, 13)
+    owner = [0, 1]
+    # one micro-batch: rank 1 waits for F0's output and rank 0 for B1's gradient, two wakes
+    chain = {0: [_action(F, 0, 0), _action(B, 0, 0)], 1: [_action(F, 1, 0), _action(B, 1, 0)]}
+    assert replay(chain, owner, lambda x: c, lambda v: msg).makespan_s == 4 * c + 2 * msg
+    assert replay(chain, owner, lambda x: c, lambda v: msg, wake).makespan_s == 4 * c + 2 * msg + 2 * wake
+    # two micro-batches: F(1,1)'s input arrives (2c + msg) while rank 1 still runs F(1,0) (until
+    # 2c + msg + wake), so it follows F(1,0) at once
+    gpipe = {0: [_action(F, 0, 0), _action(F, 0, 1)], 1: [_action(F, 1, 0), _action(F, 1, 1)]}
+    spans = replay(gpipe, owner, lambda x: c, lambda v: msg, wake).spans[1]
+    assert spans[0][1] == c + msg + wake and spans[1][1] == spans[0][2]
+    # one rank: nothing crosses, nothing to wake for
+    one = {0: [_action(F, 0, 0), _action(F, 1, 0), _action(B, 1, 0), _action(B, 0, 0)]}
+    assert replay(one, [0, 0], lambda x: c, lambda v: msg, wake).makespan_s == 4 * c
+    # the rule itself: a message there before the rank is free costs nothing, even just before
+    assert resume_at(5, Fraction(49, 10), Fraction(1)) == 5 and resume_at(5, Fraction(11, 2), 1) == Fraction(13, 2)
+
+
+def test_the_forecast_charges_wake_s_to_multi_rank_candidates_only():
+    cfg = override(preset("tiny"), {"seams.arms": "e2e,local,delayed"})
+    base = _with_runtime_block(fake_costs(cfg, [1, 2]), 0.0, 0.0)
+    woken = json.loads(json.dumps(base))
+    woken["runtime"]["wake_s"] = 1 / 64
+    a, b = (forecast(cfg, [1, 2], costs=t, link=FREE)["by_devices"] for t in (base, woken))
+    seen = 0
+    for n in ("1", "2"):
+        for arm in ("e2e", "local", "delayed"):
+            for name, ca in a[n][arm]["candidates"].items():
+                if not ca["forecast"]:
+                    continue
+                cb = b[n][arm]["candidates"][name]
+                if name.startswith("pipe:") or (arm == "delayed" and name == "stages"):
+                    # at least the step's all_reduce, which every rank but the last waits in
+                    assert cb["step_s"] >= ca["step_s"] + 1 / 64, (n, arm, name)
+                    seen += 1
+                elif name in ("single", "dp"):
+                    assert cb["step_s"] == ca["step_s"], (n, arm, name)
+    assert seen >= 7
+    woken["runtime"]["wake_s"] = -1.0
+    with pytest.raises(CostError, match="runtime.wake_s must be a number >= 0"):
+        forecast(cfg, [2], costs=woken, link=FREE)
+
+
+def test_the_pace_of_ranks_computing_at_once_is_the_slowest_rank_s_each_turn():
+    # rank 1 is twice as slow alone; turn by turn the slower of the two ratios sets the pace:
+    # 1.5, 1.4 and 1.2, median 1.4 (the mean of the ranks' own median ratios would be 1.2)
+    alone = [[1.0, 1.0, 1.0], [2.0, 2.0, 2.0]]
+    both = [[1.5, 1.1, 1.2], [2.2, 2.8, 2.4]]
+    assert pace_factor(alone, both) == pytest.approx(1.4)
+    assert pace_factor(alone, [[1.0] * 3, [2.0] * 3]) == 1.0
+
+
+def test_each_rank_s_share_of_a_candidate_is_the_segments_it_holds():
+    cfg = override(preset("cpu"), {"seams.arms": "e2e,local,delayed"})
+    by = {(c.arm, c.name): c for c in candidates(cfg, 2, cores=2, threads=1) if c.reason is None}
+    held = {k: [rank_segments(c, r) for r in (0, 1)] for k, c in by.items() if c.name != "single"}
+    assert held[("e2e", "dp")] == [[("whole:8", False)], [("whole:8", False)]]
+    assert held[("e2e", "pipe:1f1b:4")] == [[("first:4", False)], [("last:4", True)]]
+    assert held[("e2e", "pipe:zbv:4")] == [[("first:2", False), ("last:2", True)],
+                                           [("middle:2", True), ("middle:2", True)]]
+    first, second = held[("local", "stages")]
+    assert [k for k, _ in first] == ["first:1"] + ["middle:1"] * 3 and not any(g for _, g in first + second)
+    assert [g for _, g in held[("delayed", "stages")][1]] == [True] * 4  # its gradients go back, late
+
+
+def test_a_candidate_s_own_sharing_factor_scales_its_compute_and_only_its():
+    """runtime.candidate_factors[N][arm:name] in place of the one-block factors for that candidate:
+    dp's step doubles at a factor of 2 while the pipes keep pipe_factor; measured again beside a
+    run (with_entries), the mean of the timings' factors. Planted faults this catches: the
+    candidate's factor ignored; applied to another candidate; the first timing's alone."""
+    cfg = preset("tiny")
+    base = _with_runtime_block(fake_costs(cfg, [1, 2]), 0.0, 0.0)
+    own = json.loads(json.dumps(base))
+    own["runtime"]["candidate_factors"] = {"2": {"e2e:dp": 2.0}}
+    a, b = (forecast(cfg, [2], costs=t, link=FREE)["by_devices"]["2"]["e2e"]["candidates"] for t in (base, own))
+    assert b["dp"]["step_s"] == 2 * a["dp"]["step_s"]
+    assert b["dp"]["share"] == {"factor": 2.0, "from": "candidate_factors"}
+    assert b["pipe:1f1b:4"]["step_s"] == a["pipe:1f1b:4"]["step_s"]
+    assert b["pipe:1f1b:4"]["share"]["from"] == "pipe_factor" and a["dp"]["share"]["from"] == "shared_factor"
+    assert b["single"]["share"] == {"factor": 1.0, "from": "one process"}
+    dp = next(c for c in candidates(cfg, 2) if c.name == "dp")
+    timed = [_entries_times(base, dp, 1) | {"factor": 1.0}, _entries_times(base, dp, 1) | {"factor": 3.0}]
+    again = with_entries(base, dp, timed)
+    assert again["runtime"]["candidate_factors"] == {"2": {"e2e:dp": 2.0}}
+    assert forecast(cfg, [2], costs=again, link=FREE)["by_devices"]["2"]["e2e"]["candidates"]["dp"]["step_s"] == \
+        b["dp"]["step_s"]
+    own["runtime"]["candidate_factors"]["2"]["e2e:dp"] = 0
+    with pytest.raises(CostError, match=r"runtime.candidate_factors.2.e2e:dp must be a number > 0"):
+        forecast(cfg, [2], costs=own, link=FREE)
+
+
+def test_measure_shares_gives_every_multi_rank_candidate_a_factor():
+    cfg = override(preset("tiny"), {"seams.arms": "e2e,local,delayed"})
+    multi = [c for c in candidates(cfg, 2, cores=2, threads=1) if c.reason is None and c.name != "single"]
+    got = measure_shares(cfg, multi, repeats=2)
+    assert set(got) == {"2"} and set(got["2"]) == {share_key(c) for c in multi}
+    assert all(f > 0 for f in got["2"].values())
+
+
 def _with_runtime_block(table: dict, action_s: float, p2p_op_s: float) -> dict:
     t = json.loads(json.dumps(table))
     t["runtime"] = {"action_s": action_s, "p2p_op_s": p2p_op_s, "how": "hand-made"}
@@ -600,7 +710,8 @@ def test_zero_runtime_reproduces_a_table_without_one_and_only_pipes_pay_it():
                 continue
             assert cz["step_s"] == ca["step_s"], name
             if name.startswith("pipe:"):
-                assert co["step_s"] > ca["step_s"] and co["runtime"] == {"action_s": 1e-3, "p2p_op_s": 1e-4}, name
+                assert co["step_s"] > ca["step_s"], name
+                assert co["runtime"] == {"action_s": 1e-3, "p2p_op_s": 1e-4, "wake_s": 0.0}, name
             else:  # single, dp and the local arm do not run torch's pipelining runtime
                 assert co["step_s"] == ca["step_s"], name
     assert o["costs"]["runtime"]["how"] == "hand-made" and "absent" in a["costs"]["runtime"]["how"]
@@ -704,10 +815,11 @@ def _delayed_cfg(**seams):
     return override(preset("tiny"), {"seams.arms": "e2e,local,delayed", **{f"seams.{k}": v for k, v in seams.items()}})
 
 
-def _delayed_by_hand(table: dict, cfg, n: int) -> float:
+def _delayed_by_hand(table: dict, cfg, n: int, wake: float = 0.0) -> float:
     """The delayed arm's step on n ranks (tiny: 4 one-block segments), written out from the table:
     forward chain, each rank's backwards (and aux heads), the all_reduce over a free link (0), the
-    slowest update."""
+    slowest update; every rank that waited for a message (its input, the gradient back with no
+    delay, the all_reduce's end) resumes `wake` after it."""
     segs = ["first:1", "middle:1", "middle:1", "last:1"]
     owner = [k * n // 4 for k in range(4)]
     e = lambda k, p: table["segments"][entry_key(segs[k], cfg.data.batch)][p]  # noqa: E731
@@ -722,33 +834,39 @@ def _delayed_by_hand(table: dict, cfg, n: int) -> float:
     mine = [[k for k in range(4) if owner[k] == r] for r in range(n)]
     sent, t = [], 0.0
     for r in range(n):
-        t += sum(fwd[k] for k in mine[r]) + sum(aux[k] for k in mine[r][:-1])
+        t += (wake if r else 0.0) + sum(fwd[k] for k in mine[r]) + sum(aux[k] for k in mine[r][:-1])
         sent.append(t)
     reach = [0.0] * n
     for r in reversed(range(n)):
-        start = max(sent[r], reach[r + 1]) if sc.delay == 0 and r < n - 1 else sent[r]
+        start = sent[r]
+        if sc.delay == 0 and r < n - 1 and reach[r + 1] > sent[r]:
+            start = reach[r + 1] + wake
         reach[r] = start + aux[mine[r][-1]] + sum(back[k] for k in mine[r])
-    return max(reach) + max(upd)
+    return max(reach) + (wake if n > 1 else 0.0) + max(upd)
 
 
+@pytest.mark.parametrize("wake", [0.0, 1 / 64])
 @pytest.mark.parametrize("seams", [{}, {"delay": 0}, {"weight_stashing": False}, {"local_weight": 0.5}])
-def test_delayed_stages_step_is_the_forward_chain_then_the_backwards(seams):
+def test_delayed_stages_step_is_the_forward_chain_then_the_backwards(seams, wake):
     """Every step ends in an all_reduce all ranks wait on, so rank r's backwards start after the
     forwards of ranks 0..r (with no delay, after rank r+1's backward too). Planted faults this
     catches: the step as the slowest rank's own work (a pipelined steady state); the re-run
     forward without stashing, or the aux heads, left out; delay 0 treated as 1; the plain forward
-    and backward used where the table has the stashed ones."""
+    and backward used where the table has the stashed ones; with runtime.wake_s, a wake left out
+    of the chain, of the gradient's wait (no delay) or of the all_reduce."""
     cfg = _delayed_cfg(**seams)
     table = fake_costs(cfg, [1, 2, 4])
+    table["runtime"] = {"action_s": 0.0, "p2p_op_s": 0.0, "wake_s": wake, "how": "hand-made"}
     for key, e in table["segments"].items():  # the delayed parts, as costs.py times them, unlike B and F
         if not key.startswith("last") and key.endswith(f"@{cfg.data.batch}"):
             e.update(kept_forward_s=3 * e["forward_s"], kept_backward_s=5 * e["backward_s"])
     rep = forecast(cfg, [1, 2, 4], costs=table, link=FREE)
     for n in (2, 4):
         c = rep["by_devices"][str(n)]["delayed"]["candidates"]["stages"]
-        assert c["forecast"] and c["step_s"] == pytest.approx(_delayed_by_hand(table, cfg, n), rel=1e-12), (n, seams)
+        want = _delayed_by_hand(table, cfg, n, wake)
+        assert c["forecast"] and c["step_s"] == pytest.approx(want, rel=1e-12), (n, seams)
     one = rep["by_devices"]["1"]["delayed"]["candidates"]["single"]
-    assert one["step_s"] == pytest.approx(_delayed_by_hand(table, cfg, 1), rel=1e-12)
+    assert one["step_s"] == pytest.approx(_delayed_by_hand(table, cfg, 1, wake), rel=1e-12)
     assert "delayed" not in forecast(preset("tiny"), [2], costs=fake_costs(preset("tiny"), [2]),
                                      link=FREE)["by_devices"]["2"]  # only where seams.arms names it
 

@@ -35,6 +35,16 @@ def seg_key(blocks: int, first: bool, last: bool) -> str:
     return f"{role}:{blocks}"
 
 
+def seg_blocks(seg: str, n_blocks: int) -> tuple[list[int], bool, bool]:
+    """Blocks, first, last of a segment of this seg_key cut from a GPT of n_blocks blocks: every
+    block has the same shape, so any run of that many blocks in its role."""
+    role, k = seg.split(":")
+    k = int(k)
+    first, last = role in ("first", "whole"), role in ("last", "whole")
+    start = 0 if first else n_blocks - k if last else 1
+    return list(range(start, start + k)), first, last
+
+
 def seg_keys(segs: list[list[int]]) -> list[str]:
     return [seg_key(len(s), v == 0, v == len(segs) - 1) for v, s in enumerate(segs)]
 

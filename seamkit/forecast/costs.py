@@ -53,8 +53,17 @@ from torch.distributed.pipelining._backward import (
 
 from seamkit.config import RunConfig, SeamkitError, study_arms
 from seamkit.costs import count_flops
-from seamkit.forecast.candidates import DELAYED, Candidate, needed, reads
+from seamkit.forecast.candidates import (
+    DELAYED,
+    Candidate,
+    candidates,
+    needed,
+    reads,
+    seg_blocks,
+)
 from seamkit.forecast.runtime import NOT_MEASURED, measure_runtime
+from seamkit.forecast.shares import how as shares_how
+from seamkit.forecast.shares import measure_shares, needs_share, share_key
 from seamkit.model import GPT, lm_loss, param_dtype, resolve_device
 from seamkit.optim import make_optimizer
 from seamkit.report import machine, write_json
@@ -64,8 +73,8 @@ from seamkit.seams.pipeline.plan import WIRE_DTYPES
 from seamkit.seams.pipeline.stage import Segment
 
 COSTS_KIND = "seamkit-forecast-costs"
-COSTS_VERSION = 5  # 2: I and W timed through torch's own split; the runtime block. 3: the update's clip and
-# zero_grad. 4: runtime.pipe_factor. 5: runtime.dp_sync_s
+COSTS_VERSION = 6  # 2: I and W timed through torch's own split; the runtime block. 3: the update's clip and
+# zero_grad. 4: runtime.pipe_factor. 5: runtime.dp_sync_s. 6: runtime.candidate_factors and wake_s
 PARTS = ("forward_s", "backward_s", "backward_input_s", "backward_weight_s")
 LOCAL_PARTS = ("aux_s", "local_backward_s")
 DELAYED_PARTS = ("kept_forward_s", "kept_backward_s")  # the delayed arm's late segments, with weight stashing
@@ -78,14 +87,6 @@ class CostError(SeamkitError):
 
 def entry_key(seg: str, rows: int) -> str:
     return f"{seg}@{rows}"
-
-
-def _blocks(seg: str, n_blocks: int) -> tuple[list[int], bool, bool]:
-    role, k = seg.split(":")
-    k = int(k)
-    first, last = role in ("first", "whole"), role in ("last", "whole")
-    start = 0 if first else n_blocks - k if last else 1  # every block has the same shape: any k of them
-    return list(range(start, start + k)), first, last
 
 
 class _Clock:
@@ -106,7 +107,7 @@ def _measure_segment(model: GPT, cfg: RunConfig, seg: str, full_rows: int, local
     rows = min(full_rows, max_rows) if max_rows else full_rows
     scale = full_rows / rows
     wire = WIRE_DTYPES["float64" if cfg.train.dtype == "float64" else "float32"]
-    blocks, first, last = _blocks(seg, m.n_blocks)
+    blocks, first, last = seg_blocks(seg, m.n_blocks)
     module = Segment(model, blocks, first, last, device, dtype, wire, cfg.train.dtype)
     params = [p for p in module.parameters()]
     g = torch.Generator(device="cpu").manual_seed(0)
@@ -242,7 +243,7 @@ def _measure_table(model: GPT, cfg: RunConfig, segs: set, local: set, device, re
         entries[key] = entries.get(key, {}) | e
     wire = WIRE_DTYPES["float64" if cfg.train.dtype == "float64" else "float32"]
     for seg in sorted({s for s, _ in segs | local}):
-        blocks, first, last = _blocks(seg, m.n_blocks)
+        blocks, first, last = seg_blocks(seg, m.n_blocks)
         optimizer[seg] = _time_update(Segment(model, blocks, first, last, device, dtype, wire, cfg.train.dtype),
                                       cfg, device, repeats)
     head = AuxHead(m.dim, classes, m.norm_eps).to(device=device, dtype=dtype)
@@ -306,6 +307,14 @@ def measure_costs(cfg: RunConfig, devices: list[int], repeats: int = 3, threads:
     else:
         dp_rows = cfg.data.batch // 2 if cpu and 2 in devices and cfg.data.batch % 2 == 0 else None
         rt = measure_runtime(cfg, pipe_rows[0], repeats=max(5 * repeats, 10), threads=threads, dp_rows=dp_rows)
+    if cpu and runtime:
+        # every candidate of ranks computing at once that fits the host's cores, its own factor
+        fits = [c for n in devices for c in candidates(cfg, n, cores=usable_cores(), threads=threads)
+                if c.reason is None and needs_share(c)]
+        if fits:
+            turns = max(2 * repeats, 10)
+            rt = {**rt, "candidate_factors": measure_shares(cfg, fits, turns)}
+            rt["how"] = f"{rt['how']}; {shares_how(turns)}"
     return {
         "kind": COSTS_KIND, "version": COSTS_VERSION,
         "machine": machine(), "device": device.type,
@@ -323,12 +332,13 @@ def measure_costs(cfg: RunConfig, devices: list[int], repeats: int = 3, threads:
     }
 
 
-def measure_candidate(cfg: RunConfig, c: Candidate, repeats: int = 3) -> dict:
+def measure_candidate(cfg: RunConfig, c: Candidate, repeats: int = 3, share: bool = False) -> dict:
     """The entries one candidate's forecast reads (`candidates.reads`), measured now with its
     process's threads (CPU): {"segments", "optimizer_s", "aux_optimizer_s"}, as `measure_costs`
-    measures them. A validation times these right beside the candidate's run, so the machine's
-    drift between a table measured minutes before and the run is not counted as the model's error
-    (`with_entries` puts them into a table)."""
+    measures them; with `share`, a CPU candidate of ranks computing at once also gets its own
+    sharing factor ("factor", shares.py, `repeats` turns). A validation times these right beside
+    the candidate's run, so the machine's drift between a table measured minutes before and the
+    run is not counted as the model's error (`with_entries` puts them into a table)."""
     device = resolve_device(cfg.train.device)
     need = reads(c)
     before = torch.get_num_threads()
@@ -336,19 +346,29 @@ def measure_candidate(cfg: RunConfig, c: Candidate, repeats: int = 3) -> dict:
         if device.type == "cpu" and c.threads:
             torch.set_num_threads(c.threads)
         model, classes = _timed_model(cfg, device)
-        return _measure_table(model, cfg, need["segments"], need["local"], device, repeats, classes, None)
+        out = _measure_table(model, cfg, need["segments"], need["local"], device, repeats, classes, None)
     finally:
         torch.set_num_threads(before)
+    if share and device.type == "cpu" and needs_share(c):
+        out["factor"] = measure_shares(cfg, [c], repeats)[str(c.devices)][share_key(c)]
+    return out
 
 
-def with_entries(table: dict, threads: int | None, measured: list[dict]) -> dict:
-    """`table` with the entries of `measured` (`measure_candidate` results at `threads`, one or
-    more) in place of its own, each time the mean over them (timed before and after a run, the
-    mean cancels a drift that is linear over the run); FLOPs and bytes are the first's (they do
-    not depend on when they were counted). The rest of the table (runtime figures, other entries)
-    is kept."""
+def with_entries(table: dict, c: Candidate, measured: list[dict]) -> dict:
+    """`table` with the entries of `measured` (`measure_candidate` results for candidate c, one
+    or more) in place of its own, each time the mean over them (timed before and after a run, the
+    mean cancels a drift that is linear over the run), and c's sharing factor the mean of theirs
+    where they carry one; FLOPs and bytes are the first's (they do not depend on when they were
+    counted). The rest of the table (runtime figures, other entries) is kept."""
     if not measured:
         return table
+    threads = c.threads
+    factors = [t["factor"] for t in measured if "factor" in t]
+    if factors:
+        rt = dict(runtime_of(table))
+        by_n = {n: dict(fs) for n, fs in (rt.get("candidate_factors") or {}).items()}
+        by_n.setdefault(str(c.devices), {})[share_key(c)] = statistics.fmean(factors)
+        table = {**table, "runtime": {**rt, "candidate_factors": by_n}}
     first = measured[0]
     segs = {k: {n: statistics.fmean(t["segments"][k][n] for t in measured) if n.endswith("_s") else v
                 for n, v in e.items()} for k, e in first["segments"].items()}
@@ -416,6 +436,17 @@ def check_costs(table, where: str = "cost table") -> None:
             f = rt.get(name, 1.0)
             if not _number(f) or not f > 0:
                 raise CostError(f"{where}: runtime.{name} must be a number > 0 (a ratio of seconds), got {f!r}")
+        by_n = rt.get("candidate_factors", {})
+        if not isinstance(by_n, dict) or not all(isinstance(fs, dict) for fs in by_n.values()):
+            raise CostError(f"{where}: runtime.candidate_factors is not an object of device count -> "
+                            f"{{candidate: factor}}")
+        for n, fs in by_n.items():
+            for name, f in fs.items():
+                if not _number(f) or not f > 0:
+                    raise CostError(f"{where}: runtime.candidate_factors.{n}.{name} must be a number > 0 (a ratio "
+                                    f"of seconds), got {f!r}")
+        if "wake_s" in rt and (not _number(rt["wake_s"]) or rt["wake_s"] < 0):
+            raise CostError(f"{where}: runtime.wake_s must be a number >= 0 (seconds), got {rt['wake_s']!r}")
         if "dp_sync_s" in rt:
             f, rows = rt["dp_sync_s"], rt.get("dp_rows")
             if not _number(f) or not f >= 0:
@@ -448,8 +479,22 @@ def runtime_of(table: dict) -> dict:
     rt = table.get("runtime")
     if rt is None:
         return {**NOT_MEASURED, "how": f"absent from this version-{table.get('version', 1)} table: 0"}
-    rt = {"shared_factor": 1.0, **rt}
+    rt = {"shared_factor": 1.0, "wake_s": 0.0, **rt}
     return {"pipe_factor": rt["shared_factor"], **rt}
+
+
+def share_of(table: dict, c: Candidate) -> tuple[float, str]:
+    """The factor c's compute is scaled by as its ranks share the host, and where it comes from:
+    its own (`runtime.candidate_factors`, shares.py), else the table's one-block factor
+    (`pipe_factor` for a pipe, `shared_factor` for the others); 1 for a candidate of one process."""
+    if not needs_share(c):
+        return 1.0, "one process"
+    rt = runtime_of(table)
+    own = (rt.get("candidate_factors") or {}).get(str(c.devices), {}).get(share_key(c))
+    if own is not None:
+        return own, "candidate_factors"
+    name = "pipe_factor" if c.schedule else "shared_factor"
+    return rt[name], name
 
 
 def shared(table: dict, factor: float) -> dict:

@@ -155,10 +155,12 @@ class Replay:
         return 1 - sum(self.busy_s) / total if total > 0 else 0.0
 
 
-def replay(order: dict, owner: list[int], cost: Callable, message_s: Callable[[int], float]) -> Replay:
+def replay(order: dict, owner: list[int], cost: Callable, message_s: Callable[[int], float],
+           wake_s: float = 0) -> Replay:
     """Run rank-ordered compute actions over virtual stages placed by `owner` (stage -> rank).
     cost(action) -> seconds; message_s(v) -> seconds for one message across boundary v (v | v+1)
-    between two ranks."""
+    between two ranks; wake_s: seconds a rank that sat waiting for another rank's message takes to
+    resume once it has arrived (`runtime.wake_s`), not charged where the message was there first."""
     V = len(owner)
     ranks = sorted(order)
     done: dict = {}  # ("F" | "G", stage, micro-batch) -> time it is available on its own rank
@@ -169,20 +171,22 @@ def replay(order: dict, owner: list[int], cost: Callable, message_s: Callable[[i
     spans: dict = {r: [] for r in ranks}
 
     def arrival(key, src: int, dst: int, boundary: int):
+        """(when the input is there, whether it came from another rank), or None: not yet."""
         t = done.get(key)
         if t is None:
             return None
-        return t if owner[src] == owner[dst] else t + message_s(boundary)
+        return (t, False) if owner[src] == owner[dst] else (t + message_s(boundary), True)
 
     def ready(a):
         v, i, kind = a.stage_index, a.microbatch_index, a.computation_type
         if kind == F:
-            return 0 if v == 0 else arrival(("F", v - 1, i), v - 1, v, v - 1)
+            return (0, False) if v == 0 else arrival(("F", v - 1, i), v - 1, v, v - 1)
         if ("F", v, i) not in done:
             return None
         if kind == W:
-            return done.get(("G", v, i))
-        return done[("F", v, i)] if v == V - 1 else arrival(("G", v + 1, i), v + 1, v, v)
+            g = done.get(("G", v, i))
+            return None if g is None else (g, False)
+        return (done[("F", v, i)], False) if v == V - 1 else arrival(("G", v + 1, i), v + 1, v, v)
 
     remaining = sum(len(order[r]) for r in ranks)
     while remaining:
@@ -190,10 +194,11 @@ def replay(order: dict, owner: list[int], cost: Callable, message_s: Callable[[i
         for r in ranks:
             while pos[r] < len(order[r]):
                 a = order[r][pos[r]]
-                t = ready(a)
-                if t is None:
+                got = ready(a)
+                if got is None:
                     break
-                start = max(free[r], t)
+                t, remote = got
+                start = resume_at(free[r], t, wake_s) if remote else max(free[r], t)
                 end = start + cost(a)
                 spans[r].append((str(a), start, end))
                 busy[r] += end - start
@@ -227,11 +232,19 @@ class LocalReplay:
         return 1 - sum(self.busy_s) / total if total > 0 else 0.0
 
 
+def resume_at(free: float, there: float, wake_s: float) -> float:
+    """When a rank free at `free` goes on with what is there at `there`: at once if it was there
+    first, else `wake_s` after it came."""
+    return there + wake_s if there > free else free
+
+
 def replay_local(before_send: list[float], after_send: list[float], message_s: list[float], queue: int,
-                 steps: int | None = None) -> LocalReplay:
+                 steps: int | None = None, wake_s: float = 0.0) -> LocalReplay:
     """Ranks 0..S-1 each step: receive (rank > 0), `before_send[r]` seconds of compute, send to
     r+1 (`message_s[r]` to arrive), wait until at most `queue` sends are untaken, `after_send[r]`
-    more. The step time is the steady state of the last rank over the second half of the steps."""
+    more. A rank that sat waiting (for its input, or for a send to be taken) resumes `wake_s`
+    after what it waited for. The step time is the steady state of the last rank over the second
+    half of the steps."""
     S = len(before_send)
     steps = steps or 4 * S + 16
     recv_done = [[0.0] * steps for _ in range(S)]  # when rank r took step n's input
@@ -240,12 +253,12 @@ def replay_local(before_send: list[float], after_send: list[float], message_s: l
     for n in range(steps):
         for r in range(S):
             free = end[r][n - 1] if n else 0.0
-            got = free if r == 0 else max(free, sent[r - 1][n] + message_s[r - 1])
+            got = free if r == 0 else resume_at(free, sent[r - 1][n] + message_s[r - 1], wake_s)
             recv_done[r][n] = got
             sent[r][n] = got + before_send[r]
             resume = sent[r][n]
             if r < S - 1 and n >= queue:
-                resume = max(resume, recv_done[r + 1][n - queue])  # commit(queue): the oldest send was taken
+                resume = resume_at(resume, recv_done[r + 1][n - queue], wake_s)  # commit(queue): the oldest send taken
             end[r][n] = resume + after_send[r]
     half = steps // 2
     step_s = (end[S - 1][steps - 1] - end[S - 1][half - 1]) / (steps - half)

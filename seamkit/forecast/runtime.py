@@ -12,6 +12,13 @@ p2p_op_s), and two factors the forecast scales compute by (shared_factor, pipe_f
   torch's `_batch_p2p` and waiting on it once its data is there, for one activation of the
   pipe's shape between two gloo processes on this host; the mean of the sender's and the
   receiver's. The transfer itself is the link's (links.py), not counted again.
+- wake_s: what resuming a rank that sat waiting for another's message costs beyond the message's
+  own time: a rank that waits longer than a moment lets its core go idle (on a virtual machine the
+  virtual CPU halts), and the message that ends the wait must wake it. Rank 1 posts a receive of
+  one activation of the pipe's shape and waits; rank 0 computes WAKE_BUSY_S, then sends it with
+  its send time; rank 1's (end of its wait) - (send time), less the same when rank 0 sends at
+  once, medians over alternated pairs. The replay charges it wherever a rank waited for another's
+  message (`replay.resume_at`), and to the step's all_reduce every rank but the last waits in.
 - shared_factor: how much slower a rank computes while the other rank computes too, on this
   host (cores that share caches, memory bandwidth, perhaps a physical core): each rank times a
   middle block's forward and backward at the pipe's rows alone (the other waiting), then both at
@@ -36,8 +43,8 @@ p2p_op_s), and two factors the forecast scales compute by (shared_factor, pipe_f
   host (its copies, its reduction, its threads beside the compute) and DDP's buckets, which
   latency + bytes / bandwidth leaves out, so the forecast's dp step over this link at two ranks
   charges it instead of the link's ring all-reduce (`study.step_time`).
-On an accelerator action_s is measured the same way on the device (synchronised); p2p_op_s is
-0, shared_factor and pipe_factor 1, and dp_sync_s is not measured: one device cannot time an op
+On an accelerator action_s is measured the same way on the device (synchronised); p2p_op_s and
+wake_s are 0, shared_factor and pipe_factor 1, and dp_sync_s is not measured: one device cannot time an op
 between two, nor two ranks on two devices, and `how` says so.
 """
 
@@ -61,7 +68,8 @@ from seamkit.seams.pipeline.stage import Segment
 MICRO = 4  # micro-batches of the action_s step: 2 x MICRO actions a step
 PAUSE_S = 0.002  # between posting an op and waiting on it: its data is there by then
 
-NOT_MEASURED = {"action_s": 0.0, "p2p_op_s": 0.0, "shared_factor": 1.0, "pipe_factor": 1.0}
+NOT_MEASURED = {"action_s": 0.0, "p2p_op_s": 0.0, "wake_s": 0.0, "shared_factor": 1.0, "pipe_factor": 1.0}
+WAKE_BUSY_S = 0.005  # the sender computes this long first: the receiver's core has gone idle by then
 
 
 def _sync(device):
@@ -120,6 +128,49 @@ def _p2p_op(rank: int, shape, dtype, repeats: int) -> float:
         schedules._wait_batch_p2p(works)
         wait.append(time.perf_counter() - t)
     return statistics.median(post[2:]) + statistics.median(wait[2:])
+
+
+def _busy(seconds: float) -> None:
+    """Compute (small matmuls) for `seconds`: a core kept busy, not asleep."""
+    a = torch.randn(64, 64)
+    t = time.perf_counter()
+    while time.perf_counter() - t < seconds:
+        a @ a
+
+
+def _one_way(rank: int, buf: torch.Tensor, busy_s: float) -> float | None:
+    """Rank 0 computes `busy_s`, then sends `buf` and its send time; rank 1, having posted the
+    receive at once and waited on it, returns (when its wait ended) - (send time): both read
+    the host's one monotonic clock."""
+    import torch.distributed as dist
+    stamp = torch.zeros(1, dtype=torch.float64)
+    dist.barrier()
+    if rank == 0:
+        _busy(busy_s)
+        stamp[0] = time.perf_counter()
+        dist.send(buf, 1)
+        dist.send(stamp, 1)
+        return None
+    work = dist.irecv(buf, 0)
+    work.wait()
+    got = time.perf_counter()
+    dist.recv(stamp, 0)
+    return got - stamp.item()
+
+
+def _wake(rank: int, shape, dtype, repeats: int) -> float | None:
+    """Rank 1's seconds from a send to the end of its wait on it when it sat waiting WAKE_BUSY_S
+    (its core gone idle) less the same when the message comes at once, medians of `repeats`
+    alternated pairs (rank 1 returns it, rank 0 None): what resuming a waiting rank costs beyond
+    the message's own time."""
+    buf = torch.zeros(shape, dtype=dtype)
+    idle, at_once = [], []
+    for i in range(repeats + 2):  # two pairs warm up
+        late, soon = _one_way(rank, buf, WAKE_BUSY_S), _one_way(rank, buf, 0.0)
+        if i >= 2 and rank == 1:
+            idle.append(late)
+            at_once.append(soon)
+    return max(statistics.median(idle) - statistics.median(at_once), 0.0) if rank == 1 else None
 
 
 def _alone(timed: Callable[[], float]) -> float:
@@ -269,6 +320,9 @@ def _worker(rank: int, init: str, cfg: RunConfig, rows: int, repeats: int, threa
         both = [None, None]
         dist.all_gather_object(both, each)
         result.update(p2p_op_s=sum(both) / 2, send_op_s=both[0], recv_op_s=both[1])
+        wake = [None, None]
+        dist.all_gather_object(wake, _wake(rank, (rows, cfg.model.seq, cfg.model.dim), wire, repeats))
+        result["wake_s"] = wake[1]
         factors = [None, None]
         dist.all_gather_object(factors, _shared_factor(cfg, rows, max(repeats, 40)))
         result.update(shared_factor=sum(factors) / 2, shared_factor_ranks=factors)
@@ -301,7 +355,10 @@ def measure_runtime(cfg: RunConfig, rows: int, repeats: int = 20, threads: int |
            f"of {repeats} (step - direct F and B) / {2 * MICRO}; ")
     if device.type == "cpu":
         how += (f"p2p_op_s: post + wait of one {rows}x{cfg.model.seq}x{cfg.model.dim} activation through torch's "
-                f"_batch_p2p, loopback gloo, mean of sender and receiver, median of {repeats}; shared_factor: "
+                f"_batch_p2p, loopback gloo, mean of sender and receiver, median of {repeats}; wake_s: the receiver's "
+                f"seconds from a send of that activation to the end of its wait when it waited "
+                f"{WAKE_BUSY_S * 1e3:g} ms "
+                f"less when the message came at once, medians of {repeats} alternated pairs; shared_factor: "
                 f"a middle block's forward and backward at {rows} rows, both ranks at once over each alone, medians "
                 f"of {max(repeats, 40)} turns, mean of the two ranks; pipe_factor: each rank's forward and backward "
                 f"compute inside a two-rank Schedule1F1B over one-block stages, {MICRO} micro-batches of {rows} rows, "
@@ -311,7 +368,8 @@ def measure_runtime(cfg: RunConfig, rows: int, repeats: int = 20, threads: int |
                     f"all-reduce less the same under no_sync, median of {max(repeats // 2, 10)} pairs, mean of the two "
                     "ranks")
     else:
-        result.update(p2p_op_s=0.0, shared_factor=1.0, pipe_factor=1.0)
-        how += (f"p2p_op_s: 0, shared_factor and pipe_factor: 1, not measured on {device.type} (one device cannot "
+        result.update(p2p_op_s=0.0, wake_s=0.0, shared_factor=1.0, pipe_factor=1.0)
+        how += (f"p2p_op_s and wake_s: 0, shared_factor and pipe_factor: 1, not measured on {device.type} (one "
+                "device cannot "
                 "time an op between two, nor two ranks on devices of their own)")
     return {**result, "rows": rows, "repeats": repeats, "how": how}

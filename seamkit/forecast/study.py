@@ -11,9 +11,12 @@ Step time by candidate (rows, segments and owners from `candidates`):
   overhead too (`replay.with_runtime`, the table's `runtime`), then the one small allreduce of
   the gradient norms every rank waits on, then the slowest rank's optimizer step;
 - every candidate of more than one rank computes slower than one rank alone (`costs.shared`):
-  its ranks share the host; dp, local and delayed stages by `runtime.shared_factor` (ranks computing side
-  by side), the pipe schedules by `runtime.pipe_factor` (ranks computing inside torch's
-  pipelining runtime, passing messages meanwhile); a table without pipe_factor uses shared_factor;
+  its ranks share the host; by its own factor where the table measured one
+  (`runtime.candidate_factors`, shares.py: its ranks' own work alone and at once, the slowest
+  rank's pace), else by the one-block factors: dp, local and delayed stages by
+  `runtime.shared_factor` (ranks computing side by side), the pipe schedules by
+  `runtime.pipe_factor` (ranks computing inside torch's pipelining runtime, passing messages
+  meanwhile); a table without pipe_factor uses shared_factor. Each entry's `share` says which;
 - local single: every segment's forward, aux head and detached backward, every optimizer step;
 - local stages: `replay_local` over the ranks' runs of segments with the Wire's queue of 2;
 - delayed (where seams.arms names it) single: every segment's forward and late backward
@@ -46,10 +49,17 @@ from seamkit.forecast.costs import (
     measure_costs,
     part,
     runtime_of,
+    share_of,
     shared,
 )
 from seamkit.forecast.links import LOOPBACK, Link, allreduce_s, parse_link
-from seamkit.forecast.replay import replay, replay_local, torch_order, with_runtime
+from seamkit.forecast.replay import (
+    replay,
+    replay_local,
+    resume_at,
+    torch_order,
+    with_runtime,
+)
 from seamkit.report import provenance
 from seamkit.stats import held_out_time_to_target, stats
 
@@ -104,15 +114,16 @@ def _pipe(c: Candidate, costs: dict, link: Link) -> dict:
     rt = runtime_of(costs)
     compute = with_runtime(lambda a: cost[(a.stage_index, a.computation_type.value)], c.owner, rt["action_s"],
                            rt["p2p_op_s"])
-    r = replay(order.actions, c.owner, compute, lambda v: msg[v])
+    r = replay(order.actions, c.owner, compute, lambda v: msg[v], rt["wake_s"])
     opt = [sum(costs["optimizer_s"][c.segments[v]] for v, o in enumerate(c.owner) if o == rank)
            for rank in range(c.devices)]
     V = len(c.segments)
-    norms = allreduce_s((costs["n_tensors"] + V + 2) * 4, c.devices, link)  # e2e.py's one vector per step
+    # e2e.py's one vector per step; the ranks done first sit waiting in it and wake when it ends
+    norms = allreduce_s((costs["n_tensors"] + V + 2) * 4, c.devices, link) + rt["wake_s"]
     step = float(r.makespan_s) + norms + max(opt)
     busy = sum(float(b) for b in r.busy_s) + sum(opt)
     return {"step_s": step, "bubble": 1 - busy / (c.devices * step), "schedule_s": float(r.makespan_s),
-            "runtime": {k: rt[k] for k in ("action_s", "p2p_op_s")},
+            "runtime": {k: rt[k] for k in ("action_s", "p2p_op_s", "wake_s")},
             "allreduce_s": norms, "optimizer_s": max(opt), "relabelled": order.relabelled}
 
 
@@ -160,18 +171,19 @@ def _delayed_stages(c: Candidate, costs: dict, link: Link, cfg: RunConfig) -> di
     before, after, update, out_bytes = _delayed_rank_costs(c, costs, cfg)
     S = len(before)
     msg = [link.seconds(b) for b in out_bytes]  # an activation forwards; its gradient, as large, back
+    wake = runtime_of(costs)["wake_s"]  # a rank that sat waiting for a message resumes this long after it
     ready, sent = 0.0, []
     for r in range(S):
         sent.append(ready + before[r])  # rank r's forwards done, its output sent
-        ready = sent[-1] + msg[r]
+        ready = sent[-1] + msg[r] + wake  # rank r+1 has waited since the step's all_reduce
     reach = [0.0] * S  # when rank r reaches the all_reduce
     for r in reversed(range(S)):
         start = sent[r]
         if cfg.seams.delay == 0 and r < S - 1:  # no delay: this step's gradient comes back from rank r+1
-            start = max(start, reach[r + 1] + msg[r])
+            start = resume_at(start, reach[r + 1] + msg[r], wake)
         reach[r] = start + after[r]
     heads = (len(c.segments) - 1) * 2 if cfg.seams.local_weight > 0 else 0  # an AuxHead: norm and read-out weights
-    ar = allreduce_s((2 * (costs["n_tensors"] + heads) + 2 * len(c.segments)) * 4, c.devices, link)
+    ar = allreduce_s((2 * (costs["n_tensors"] + heads) + 2 * len(c.segments)) * 4, c.devices, link) + wake
     step = max(reach) + ar + max(update)
     busy = sum(before) + sum(after) + sum(update)
     return {"step_s": step, "bubble": 1 - busy / (c.devices * step), "allreduce_s": ar,
@@ -212,7 +224,7 @@ def step_time(c: Candidate, costs: dict, link: Link, cfg: RunConfig | None = Non
     before, after, out_bytes = _local_rank_costs(c, costs)
     if c.name == "single":
         return {"step_s": before[0] + after[0], "bubble": 0.0}
-    r = replay_local(before, after, [link.seconds(b) for b in out_bytes], QUEUE)
+    r = replay_local(before, after, [link.seconds(b) for b in out_bytes], QUEUE, wake_s=runtime_of(costs)["wake_s"])
     return {"step_s": r.step_s, "bubble": r.bubble, "slowest_rank_s": max(r.busy_s)}
 
 
@@ -250,9 +262,9 @@ def forecast(cfg: RunConfig, devices=(1, 2, 4, 8), costs: dict | None = None, li
                      "threads": c.threads, "forecast": c.reason is None, "reason": c.reason, "tokens_per_s": None,
                      "step_s": None, "bubble": None, "best": False}
             if c.reason is None:
-                if c.devices > 1 and c.name != "single":  # several ranks computing at once on the host
-                    rt = runtime_of(costs)
-                    at = shared(at, rt["pipe_factor"] if c.schedule else rt["shared_factor"])
+                factor, source = share_of(costs, c)  # several ranks computing at once on the host
+                at = shared(at, factor)
+                entry["share"] = {"factor": factor, "from": source}
                 t = step_time(c, at, link, cfg)
                 entry.update(t, tokens_per_s=tokens / t["step_s"])
             arms[c.arm][c.name] = entry
