@@ -22,7 +22,8 @@ leaves out); FLOPs of every part are counted beside it with `seamkit.costs.count
 update (`optimizer_s`: the global-norm clip, the fused AdamW step and zero_grad, as every
 placement's step runs them; before version 3 the AdamW step alone) is timed per segment shape
 and per aux head. `runtime` holds what torch's pipelining runtime costs beyond that compute
-(`measure_runtime`: a per-action overhead and a per-P2P-op cost). The table is JSON, labelled
+(`measure_runtime`: a per-action overhead, a per-P2P-op cost, a waiting rank's wake-up, the
+sharing factors) and, on a CPU, each multi-rank candidate's own sharing factor (shares.py). The table is JSON, labelled
 with the machine, the device, the threads and the torch version it was measured with
 (`save_costs`, `load_costs`).
 
