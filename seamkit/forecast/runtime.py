@@ -184,10 +184,21 @@ def _alone(timed: Callable[[], float]) -> float:
     return mine
 
 
+def turns(timed: Callable[[], float], repeats: int) -> tuple[list[float], list[float]]:
+    """This rank's seconds of `timed()` alone (`_alone`) and with every rank at once, a turn of
+    each `repeats` times after one that warms up and is not kept; every rank calls it at once."""
+    import torch.distributed as dist
+    alone, both = [], []
+    for _ in range(repeats + 1):
+        alone.append(_alone(timed))
+        dist.barrier()
+        both.append(timed())
+    return alone[1:], both[1:]
+
+
 def _shared_factor(cfg: RunConfig, rows: int, repeats: int) -> float:
     """This rank's (median time both at once) / (median time alone) of a middle block's forward and
     backward (module docstring); every rank calls it at once."""
-    import torch.distributed as dist
     m, dtype = cfg.model, param_dtype(cfg.train.dtype)
     torch.manual_seed(cfg.train.seed)
     seg = Segment(GPT(m).to(dtype=dtype), [0], False, False, torch.device("cpu"), dtype, dtype, cfg.train.dtype)
@@ -199,12 +210,8 @@ def _shared_factor(cfg: RunConfig, rows: int, repeats: int) -> float:
         seg(h_BTC).backward(g_BTC)
         seg.zero_grad(set_to_none=True)
         return time.perf_counter() - t
-    alone, both = [], []
-    for _ in range(repeats + 1):  # the first turn warms up
-        alone.append(_alone(timed))
-        dist.barrier()
-        both.append(timed())
-    return statistics.median(both[1:]) / statistics.median(alone[1:])
+    alone, both = turns(timed, repeats)
+    return statistics.median(both) / statistics.median(alone)
 
 
 def _pipe_factor(cfg: RunConfig, rows: int, repeats: int) -> float:
@@ -302,7 +309,7 @@ def _dp_sync(cfg: RunConfig, rows: int, repeats: int) -> float:
     return max(statistics.median(diffs), 0.0)
 
 
-def _worker(rank: int, init: str, cfg: RunConfig, rows: int, repeats: int, threads, out: str,
+def _worker(rank: int, init: str, out: str, cfg: RunConfig, rows: int, repeats: int, threads,
             dp_rows: int | None = None) -> None:
     import torch.distributed as dist
     if threads:
@@ -339,18 +346,24 @@ def _worker(rank: int, init: str, cfg: RunConfig, rows: int, repeats: int, threa
             json.dump(result, f)
 
 
+def run_spawned(worker: Callable, nprocs: int, *args):
+    """worker(rank, init, out, *args) in `nprocs` spawned processes that meet at `init` (a file
+    rendezvous); what rank 0 wrote to `out` as JSON."""
+    import torch.multiprocessing as mp
+    with tempfile.TemporaryDirectory() as d:
+        init, out = f"file://{os.path.join(d, 'rdzv')}", os.path.join(d, "out.json")
+        mp.start_processes(worker, args=(init, out, *args), nprocs=nprocs, start_method="spawn")
+        with open(out) as f:
+            return json.load(f)
+
+
 def measure_runtime(cfg: RunConfig, rows: int, repeats: int = 20, threads: int | None = None,
                     dp_rows: int | None = None) -> dict:
     """{"action_s", "p2p_op_s", "rows", "how", ...} for a pipe of `rows` rows a micro-batch, in two
     spawned gloo processes of `threads` torch threads (CPU) on cfg.train.device (module docstring);
     with `dp_rows` (CPU), also dp_sync_s for a two-rank dp step of that many rows a rank."""
-    import torch.multiprocessing as mp
     device = resolve_device(cfg.train.device)
-    with tempfile.TemporaryDirectory() as d:
-        init, out = f"file://{os.path.join(d, 'rdzv')}", os.path.join(d, "out.json")
-        mp.start_processes(_worker, args=(init, cfg, rows, repeats, threads, out, dp_rows), nprocs=2, start_method="spawn")
-        with open(out) as f:
-            result = json.load(f)
+    result = run_spawned(_worker, 2, cfg, rows, repeats, threads, dp_rows)
     how = (f"action_s: ScheduleGPipe on one rank, one-block segment, {MICRO} micro-batches of {rows} rows, median "
            f"of {repeats} (step - direct F and B) / {2 * MICRO}; ")
     if device.type == "cpu":

@@ -11,8 +11,8 @@ factor is measured per candidate on its ranks' own share of the step:
   cut from a GPT of the run's config (distinct blocks: the rank's whole working set), and its work is one forward and backward of each at the
   candidate's rows (the LM loss on the last; a random output gradient on the others; the input
   gradient where the e2e and delayed arms send one back, the input detached on the local arm);
-- turns, repeated `repeats` times after one that warms up: every rank alone in turn (the others
-  waiting at a barrier), then all at once;
+- turns (`runtime.turns`), repeated `repeats` times after one that warms up: every rank alone in
+  turn (the others waiting at a barrier), then all at once;
 - factor = the median over turns of the slowest rank's (time all at once) / (its median time
   alone): how much longer the slowest rank of a synchronised step takes than the table says.
 The forecast scales the candidate's compute by it (`study.forecast`), in place of the one-block
@@ -24,9 +24,7 @@ the link's, `runtime.dp_sync_s` and `runtime.action_s`.
 from __future__ import annotations
 
 import json
-import os
 import statistics
-import tempfile
 import time
 from typing import Callable
 
@@ -34,10 +32,9 @@ import torch
 
 from seamkit.config import RunConfig
 from seamkit.forecast.candidates import LOCAL, Candidate, seg_blocks
+from seamkit.forecast.runtime import run_spawned, turns
 from seamkit.model import GPT, lm_loss, param_dtype
 from seamkit.seams.pipeline.stage import Segment
-
-WARM_TURNS = 1
 
 
 def share_key(c: Candidate) -> str:
@@ -69,8 +66,8 @@ def _rank_work(cfg: RunConfig, c: Candidate, rank: int) -> Callable[[], float]:
     y = torch.randint(0, m.vocab, (c.rows, m.seq), generator=g)
     work, start = [], 0
     for key, input_grad in rank_segments(c, rank):
-        _, first, last = seg_blocks(key, m.n_blocks)
-        k = int(key.split(":")[1])  # blocks of its own: the rank's whole working set, none shared
+        blocks, first, last = seg_blocks(key, m.n_blocks)
+        k = len(blocks)  # blocks of its own: the rank's whole working set, none shared
         seg = Segment(model, list(range(start, start + k)), first, last, cpu, dtype, dtype, cfg.train.dtype)
         start += k
         x = (torch.randint(0, m.vocab, (c.rows, m.seq), generator=g) if first
@@ -89,20 +86,6 @@ def _rank_work(cfg: RunConfig, c: Candidate, rank: int) -> Callable[[], float]:
     return timed
 
 
-def _turns(timed: Callable[[], float], repeats: int) -> tuple[list[float], list[float]]:
-    """This rank's seconds alone and all at once, a turn each, after WARM_TURNS unkept."""
-    import torch.distributed as dist
-    alone, both = [], []
-    for _ in range(repeats + WARM_TURNS):
-        for turn in range(dist.get_world_size()):
-            dist.barrier()
-            if dist.get_rank() == turn:
-                alone.append(timed())
-        dist.barrier()
-        both.append(timed())
-    return alone[WARM_TURNS:], both[WARM_TURNS:]
-
-
 def pace_factor(alone: list[list[float]], both: list[list[float]]) -> float:
     """The median over turns of the slowest rank's (time all at once) / (its median time alone);
     alone[r], both[r]: rank r's seconds, a turn each."""
@@ -110,15 +93,15 @@ def pace_factor(alone: list[list[float]], both: list[list[float]]) -> float:
     return statistics.median(max(b[t] / typical[r] for r, b in enumerate(both)) for t in range(len(both[0])))
 
 
-def _worker(rank: int, world: int, init: str, cfg: RunConfig, cands: list[Candidate], repeats: int,
-            threads: int | None, out: str) -> None:
+def _worker(rank: int, init: str, out: str, world: int, cfg: RunConfig, cands: list[Candidate], repeats: int,
+            threads: int | None) -> None:
     import torch.distributed as dist
     if threads:
         torch.set_num_threads(threads)
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
     result = {}
     for c in cands:
-        mine = _turns(_rank_work(cfg, c, rank), repeats)
+        mine = turns(_rank_work(cfg, c, rank), repeats)
         every = [None] * world
         dist.all_gather_object(every, mine)
         result[share_key(c)] = pace_factor([a for a, _ in every], [b for _, b in every])
@@ -131,7 +114,6 @@ def _worker(rank: int, world: int, init: str, cfg: RunConfig, cands: list[Candid
 def measure_shares(cfg: RunConfig, cands: list[Candidate], repeats: int) -> dict:
     """{str(N): {share_key: factor}} for these CPU candidates (`needs_share`, each with its
     threads), measured in one set of spawned gloo processes per device count N."""
-    import torch.multiprocessing as mp
     by_n: dict[int, list[Candidate]] = {}
     for c in cands:
         if needs_share(c):
@@ -141,12 +123,7 @@ def measure_shares(cfg: RunConfig, cands: list[Candidate], repeats: int) -> dict
         threads = cs[0].threads
         if any(c.threads != threads for c in cs):
             raise ValueError("measure_shares: the candidates of one device count run different threads")
-        with tempfile.TemporaryDirectory() as d:
-            init, out = f"file://{os.path.join(d, 'rdzv')}", os.path.join(d, "out.json")
-            mp.start_processes(_worker, args=(n, init, cfg, cs, repeats, threads, out), nprocs=n,
-                               start_method="spawn")
-            with open(out) as f:
-                factors[str(n)] = json.load(f)
+        factors[str(n)] = run_spawned(_worker, n, n, cfg, cs, repeats, threads)
     return factors
 
 
