@@ -45,7 +45,9 @@ from seamkit.forecast.costs import (
     with_entries,
 )
 from seamkit.forecast.replay import p2p_ops, resume_at, with_runtime
+from seamkit.forecast.runtime import run_spawned
 from seamkit.forecast.shares import (
+    _pipe_work,
     measure_shares,
     pace_factor,
     rank_segments,
@@ -688,6 +690,67 @@ def test_measure_shares_gives_every_multi_rank_candidate_a_factor():
     got = measure_shares(cfg, multi, repeats=2)
     assert set(got) == {"2"} and set(got["2"]) == {share_key(c) for c in multi}
     assert all(f > 0 for f in got["2"].values())
+
+
+def _pipe_work_rank(rank: int, init: str, out: str, cfg, cands) -> None:
+    """Each pipe's inside (its torch schedule, both ranks at once) and alone (its actions run
+    directly) on this rank: the parameters each leaves a gradient on and the autograd passes of
+    each kind it makes."""
+    import torch.distributed as dist
+    from torch.distributed.pipelining import stage as stage_module
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
+    names = ("stage_backward", "stage_backward_input", "stage_backward_weight")
+    mine = {}
+    for c in cands:
+        inside, alone, model = _pipe_work(cfg, c, rank)
+        for way, fn in (("alone", alone), ("inside", inside)):
+            calls = dict.fromkeys(names, 0)
+            saved = {n: getattr(stage_module, n) for n in names}
+
+            def counting(n):
+                def run(*args, **kw):
+                    calls[n] += 1
+                    return saved[n](*args, **kw)
+                return run
+            for n in names:
+                setattr(stage_module, n, counting(n))
+            dist.barrier()
+            try:
+                seconds = fn()
+            finally:
+                for n in names:
+                    setattr(stage_module, n, saved[n])
+            grads = sorted(n for n, p in model.named_parameters() if p.grad is not None and p.grad.abs().sum() > 0)
+            mine[f"{c.name}/{way}"] = {"grads": grads, "calls": calls, "seconds": seconds}
+            model.zero_grad(set_to_none=True)
+    every = [None, None]
+    dist.all_gather_object(every, mine)
+    dist.destroy_process_group()
+    if rank == 0:
+        with open(out, "w") as f:
+            json.dump(every, f)
+
+
+def test_a_pipe_s_sharing_factor_times_the_same_compute_inside_its_schedule_and_alone():
+    """shares.py's pipe work: one step of the candidate's own torch schedule on two ranks, and the
+    same forwards and backwards run directly, must touch the same weights with the same autograd
+    passes (B, or I then W), or the factor would compare different work. Planted faults this
+    catches: the last stage's loss handed to stage_backward as a tuple (its backward does nothing
+    alone); the I/W split ignored alone (B in place of I and W); a rank's second stage skipped."""
+    cfg = preset("tiny")
+    pipes = [c for c in candidates(cfg, 2, cores=2, threads=1)
+             if c.schedule in ("1f1b", "interleavedzb", "zbv") and c.reason is None]
+    assert len(pipes) == 3
+    ranks = run_spawned(_pipe_work_rank, 2, cfg, pipes)
+    for c in pipes:
+        for rank, got in enumerate(ranks):
+            alone, inside = got[f"{c.name}/alone"], got[f"{c.name}/inside"]
+            assert inside["grads"] and alone["grads"] == inside["grads"], (c.name, rank)
+            assert alone["calls"] == inside["calls"], (c.name, rank)
+            assert alone["seconds"] > 0 and inside["seconds"] > 0
+        split = any(got[f"{c.name}/inside"]["calls"]["stage_backward_weight"] for got in ranks)
+        assert split == (c.schedule != "1f1b"), c.name
+        assert any("lm_head" in n or "head" in n for n in ranks[c.owner[-1]][f"{c.name}/alone"]["grads"])
 
 
 def _with_runtime_block(table: dict, action_s: float, p2p_op_s: float) -> dict:

@@ -74,8 +74,9 @@ from seamkit.seams.pipeline.plan import WIRE_DTYPES
 from seamkit.seams.pipeline.stage import Segment
 
 COSTS_KIND = "seamkit-forecast-costs"
-COSTS_VERSION = 6  # 2: I and W timed through torch's own split; the runtime block. 3: the update's clip and
-# zero_grad. 4: runtime.pipe_factor. 5: runtime.dp_sync_s. 6: runtime.candidate_factors and wake_s
+COSTS_VERSION = 7  # 2: I and W timed through torch's own split; the runtime block. 3: the update's clip and
+# zero_grad. 4: runtime.pipe_factor. 5: runtime.dp_sync_s. 6: runtime.candidate_factors and wake_s. 7: a pipe's
+# candidate factor timed inside its own torch schedule
 PARTS = ("forward_s", "backward_s", "backward_input_s", "backward_weight_s")
 LOCAL_PARTS = ("aux_s", "local_backward_s")
 DELAYED_PARTS = ("kept_forward_s", "kept_backward_s")  # the delayed arm's late segments, with weight stashing

@@ -8,11 +8,21 @@ depends on the work: a block whose weights and activations stay in a core's own 
 little beside another, a rank streaming four blocks through the shared cache loses more. So the
 factor is measured per candidate on its ranks' own share of the step:
 - each rank builds the segments it holds (`Candidate.owner`; dp: every rank the whole GPT),
-  cut from a GPT of the run's config (distinct blocks: the rank's whole working set), and its work is one forward and backward of each at the
-  candidate's rows (the LM loss on the last; a random output gradient on the others; the input
-  gradient where the e2e and delayed arms send one back, the input detached on the local arm);
-- turns (`runtime.turns`), repeated `repeats` times after one that warms up: every rank alone in
-  turn (the others waiting at a barrier), then all at once;
+  cut from a GPT of the run's config (distinct blocks: the rank's whole working set);
+- dp, the local and the delayed stages: its work is one forward and backward of each segment at
+  the candidate's rows (the LM loss on the last; a random output gradient on the others; the
+  input gradient where the e2e and delayed arms send one back, the input detached on the local
+  arm), timed in turns (`runtime.turns`), repeated `repeats` times after one that warms up: every
+  rank alone in turn (the others waiting at a barrier), then all at once;
+- a pipe: all at once is one step of the candidate's own torch schedule (its class, its stages,
+  its micro-batches, its P2P), each rank timing only its compute inside it (its modules'
+  forwards, the loss, the autograd pass of every B, I and W: `stage_backward`,
+  `stage_backward_input`, `stage_backward_weight`), none of the runtime's bookkeeping, which
+  `runtime.action_s` holds; alone is the same actions run directly, the others waiting, as the
+  table times them: each micro-batch's forward, then at once its backward (B, or I then W where
+  torch's order splits it). So the factor holds what running inside the schedule beside the other
+  ranks does to a rank's compute: the host shared, the transport's threads, micro-batches held in
+  memory while others run, the gradients accumulating;
 - factor = the median over turns of the slowest rank's (time all at once) / (its median time
   alone): how much longer the slowest rank of a synchronised step takes than the table says.
 The forecast scales the candidate's compute by it (`study.forecast`), in place of the one-block
@@ -32,8 +42,10 @@ import torch
 
 from seamkit.config import RunConfig
 from seamkit.forecast.candidates import LOCAL, Candidate, seg_blocks
-from seamkit.forecast.runtime import run_spawned, turns
+from seamkit.forecast.replay import B, torch_order
+from seamkit.forecast.runtime import _alone, run_spawned, turns
 from seamkit.model import GPT, lm_loss, param_dtype
+from seamkit.seams.pipeline.plan import SCHEDULE_CLASSES
 from seamkit.seams.pipeline.stage import Segment
 
 
@@ -86,6 +98,119 @@ def _rank_work(cfg: RunConfig, c: Candidate, rank: int) -> Callable[[], float]:
     return timed
 
 
+def _stage_blocks(c: Candidate, v: int, n_blocks: int) -> tuple[list[int], bool, bool]:
+    """The GPT's own blocks of virtual stage v of pipe c (the segments cut in order)."""
+    start = sum(len(seg_blocks(k, n_blocks)[0]) for k in c.segments[:v])
+    blocks, first, last = seg_blocks(c.segments[v], n_blocks)
+    return list(range(start, start + len(blocks))), first, last
+
+
+def _pipe_work(cfg: RunConfig, c: Candidate, rank: int) -> tuple[Callable[[], float], Callable[[], float],
+                                                                  torch.nn.Module]:
+    """(inside, alone, model) of this rank of pipe c (module docstring): its compute seconds in one
+    step of c's torch schedule that every rank runs at once, and of the same actions run directly
+    alone; both leave their gradients in the model's .grad."""
+    from torch.distributed import pipelining
+    from torch.distributed.pipelining import stage as stage_module
+    m, dtype, M = cfg.model, param_dtype(cfg.train.dtype), c.micro_batches
+    cpu, V = torch.device("cpu"), len(c.segments)
+    mine = [v for v, r in enumerate(c.owner) if r == rank]
+    torch.manual_seed(cfg.train.seed)
+    model = GPT(m).to(dtype=dtype)
+    g = torch.Generator(device="cpu").manual_seed(rank)
+    x_BT = torch.randint(0, m.vocab, (c.rows * M, m.seq), generator=g)
+    y_BT = torch.randint(0, m.vocab, (c.rows * M, m.seq), generator=g)
+    h_BTC = torch.randn(c.rows, m.seq, m.dim, generator=g, dtype=dtype)
+    g_BTC = torch.randn(c.rows, m.seq, m.dim, generator=g, dtype=dtype)
+    spent = [0.0]
+
+    def timing(fn):
+        def timed(*args, **kw):
+            t = time.perf_counter()
+            try:
+                return fn(*args, **kw)
+            finally:
+                spent[0] += time.perf_counter() - t
+        return timed
+
+    class Timed(torch.nn.Module):  # a stage's module: its forward's seconds, nothing of the stage's own
+        def __init__(self, seg):
+            super().__init__()
+            self.seg = seg
+
+        forward = timing(lambda self, inp: self.seg(inp))
+
+    loss = timing(lambda o, y: lm_loss(o, y) / M)
+    segs, stages = {}, []
+    for v in mine:
+        blocks, first, last = _stage_blocks(c, v, m.n_blocks)
+        segs[v] = Segment(model, blocks, first, last, cpu, dtype, dtype, cfg.train.dtype)
+        inp = x_BT[:c.rows].clone() if v == 0 else torch.empty_like(h_BTC).requires_grad_(True)
+        out = torch.empty(c.rows, m.seq, m.vocab if v == V - 1 else m.dim, dtype=dtype, requires_grad=True)
+        stages.append(pipelining.PipelineStage(Timed(segs[v]), v, V, cpu, input_args=inp, output_args=out))
+    name, style = SCHEDULE_CLASSES[c.schedule]
+    sched = getattr(pipelining.schedules, name)(stages[0] if style == "single" else stages, n_microbatches=M,
+                                               loss_fn=loss, scale_grads=False)
+    kinds = {v: {a.computation_type for a in torch_order(c.schedule, c.devices, M).actions[rank]
+                 if a.stage_index == v} for v in mine}
+    backward_fns = ("stage_backward", "stage_backward_input", "stage_backward_weight")
+
+    def inside() -> float:
+        saved = {f: getattr(stage_module, f) for f in backward_fns}
+        for f, fn in saved.items():  # the autograd pass of every backward the stages run
+            setattr(stage_module, f, timing(fn))
+        spent[0] = 0.0
+        try:
+            sched.step(*((x_BT,) if 0 in mine else ()), target=y_BT if c.owner[-1] == rank else None, losses=[],
+                       return_outputs=False)
+        finally:
+            for f, fn in saved.items():
+                setattr(stage_module, f, fn)
+        return spent[0]
+
+    def backward(v: int, inp, out) -> None:
+        """As the stage passes them: the last stage's loss with no gradient, any other's outputs as a
+        tuple with the received gradients."""
+        grads = None if v == V - 1 else (g_BTC,)
+        if B in kinds[v] or v == 0:  # the first stage's I is nothing, its W the whole backward
+            stage_module.stage_backward(out if v == V - 1 else (out,), grads, [inp])
+        else:
+            _, groups = stage_module.stage_backward_input((out,), grads, [inp], segs[v].parameters())
+            stage_module.stage_backward_weight(segs[v].parameters(), groups)
+
+    def alone() -> float:
+        t = time.perf_counter()
+        for i in range(M):
+            rows = slice(i * c.rows, (i + 1) * c.rows)
+            for v in mine:
+                inp = x_BT[rows] if v == 0 else h_BTC.detach().requires_grad_(True)
+                out = segs[v](inp)
+                backward(v, inp, lm_loss(out, y_BT[rows]) / M if v == V - 1 else out)
+        return time.perf_counter() - t
+    return inside, alone, model
+
+
+def _pipe_turns(inside: Callable[[], float], alone: Callable[[], float], model: torch.nn.Module,
+                repeats: int) -> tuple[list, list]:
+    """`runtime.turns` for a pipe: this rank's `alone()` in its turn, then `inside()` (one step of
+    the schedule every rank runs at once), `repeats` times after one turn that warms up; the
+    gradients cleared after each, as a step's update does."""
+    import torch.distributed as dist
+
+    def cleared(fn):
+        def run():
+            t = fn()
+            model.zero_grad(set_to_none=True)
+            return t
+        return run
+    by_itself, at_once = [], []
+    for _ in range(repeats + 1):
+        by_itself.append(_alone(cleared(alone)))
+        dist.barrier()
+        at_once.append(cleared(inside)())
+    return by_itself[1:], at_once[1:]
+
+
 def pace_factor(alone: list[list[float]], both: list[list[float]]) -> float:
     """The median over turns of the slowest rank's (time all at once) / (its median time alone);
     alone[r], both[r]: rank r's seconds, a turn each."""
@@ -101,7 +226,8 @@ def _worker(rank: int, init: str, out: str, world: int, cfg: RunConfig, cands: l
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
     result = {}
     for c in cands:
-        mine = turns(_rank_work(cfg, c, rank), repeats)
+        mine = _pipe_turns(*_pipe_work(cfg, c, rank), repeats) if c.schedule else turns(_rank_work(cfg, c, rank),
+                                                                                          repeats)
         every = [None] * world
         dist.all_gather_object(every, mine)
         result[share_key(c)] = pace_factor([a for a, _ in every], [b for _, b in every])
@@ -129,5 +255,7 @@ def measure_shares(cfg: RunConfig, cands: list[Candidate], repeats: int) -> dict
 
 def how(repeats: int) -> str:
     return (f"candidate_factors: each multi-rank candidate's ranks, in spawned gloo processes of its threads, time "
-            f"one forward and backward of the segments each holds at its rows, alone in turn and all at once, "
-            f"{repeats} turns; the median over turns of the slowest rank's time at once over its median alone")
+            f"one forward and backward of the segments each holds at its rows (a pipe: its compute inside a step of "
+            f"its own torch schedule all at once, alone the same forwards and backwards one micro-batch after "
+            f"another), alone in turn and all at once, {repeats} turns; the median over turns of the slowest "
+            f"rank's time at once over its median alone")
