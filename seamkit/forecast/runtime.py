@@ -214,6 +214,29 @@ def _shared_factor(cfg: RunConfig, rows: int, repeats: int) -> float:
     return statistics.median(both) / statistics.median(alone)
 
 
+def timed_into(spent: list, fn: Callable) -> Callable:
+    """fn, adding the seconds of each call to spent[0]."""
+    def timed(*args, **kw):
+        t = time.perf_counter()
+        try:
+            return fn(*args, **kw)
+        finally:
+            spent[0] += time.perf_counter() - t
+    return timed
+
+
+class TimedModule(torch.nn.Module):
+    """A pipeline stage's module: `seg`, its forward's seconds added to spent[0], nothing of the
+    stage's own work."""
+
+    def __init__(self, seg: torch.nn.Module, spent: list):
+        super().__init__()
+        self.seg, self.spent = seg, spent
+
+    def forward(self, inp):
+        return timed_into(self.spent, self.seg)(inp)
+
+
 def _pipe_factor(cfg: RunConfig, rows: int, repeats: int) -> float:
     """This rank's (median compute a step inside a running two-rank Schedule1F1B) / (median of the
     same forwards and backwards alone, the other rank waiting), over one-block stages (module
@@ -234,25 +257,12 @@ def _pipe_factor(cfg: RunConfig, rows: int, repeats: int) -> float:
     spent = [0.0]
 
     def timing(fn):
-        def timed(*args, **kw):
-            t = time.perf_counter()
-            try:
-                return fn(*args, **kw)
-            finally:
-                spent[0] += time.perf_counter() - t
-        return timed
-
-    class Timed(torch.nn.Module):  # the stage's module: its forward's seconds, nothing of the stage's own
-        def __init__(self):
-            super().__init__()
-            self.seg = seg
-
-        forward = timing(lambda self, inp: self.seg(inp))
+        return timed_into(spent, fn)
 
     loss = timing(lambda o, y: lm_loss(o, y) / MICRO)
     inp = x_BT[:rows].clone() if first else torch.empty_like(h_BTC).requires_grad_(True)
     out = torch.empty(rows, m.seq, m.vocab if last else m.dim, dtype=dtype, requires_grad=True)
-    stage = pipelining.PipelineStage(Timed(), rank, 2, cpu, input_args=inp, output_args=out)
+    stage = pipelining.PipelineStage(TimedModule(seg, spent), rank, 2, cpu, input_args=inp, output_args=out)
     sched = pipelining.Schedule1F1B(stage, n_microbatches=MICRO, loss_fn=loss, scale_grads=False)
 
     def direct_timed() -> float:

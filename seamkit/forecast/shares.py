@@ -43,7 +43,7 @@ import torch
 from seamkit.config import RunConfig
 from seamkit.forecast.candidates import LOCAL, Candidate, seg_blocks
 from seamkit.forecast.replay import B, torch_order
-from seamkit.forecast.runtime import _alone, run_spawned, turns
+from seamkit.forecast.runtime import TimedModule, _alone, run_spawned, timed_into, turns
 from seamkit.model import GPT, lm_loss, param_dtype
 from seamkit.seams.pipeline.plan import SCHEDULE_CLASSES
 from seamkit.seams.pipeline.stage import Segment
@@ -125,20 +125,7 @@ def _pipe_work(cfg: RunConfig, c: Candidate, rank: int) -> tuple[Callable[[], fl
     spent = [0.0]
 
     def timing(fn):
-        def timed(*args, **kw):
-            t = time.perf_counter()
-            try:
-                return fn(*args, **kw)
-            finally:
-                spent[0] += time.perf_counter() - t
-        return timed
-
-    class Timed(torch.nn.Module):  # a stage's module: its forward's seconds, nothing of the stage's own
-        def __init__(self, seg):
-            super().__init__()
-            self.seg = seg
-
-        forward = timing(lambda self, inp: self.seg(inp))
+        return timed_into(spent, fn)
 
     loss = timing(lambda o, y: lm_loss(o, y) / M)
     segs, stages = {}, []
@@ -147,7 +134,7 @@ def _pipe_work(cfg: RunConfig, c: Candidate, rank: int) -> tuple[Callable[[], fl
         segs[v] = Segment(model, blocks, first, last, cpu, dtype, dtype, cfg.train.dtype)
         inp = x_BT[:c.rows].clone() if v == 0 else torch.empty_like(h_BTC).requires_grad_(True)
         out = torch.empty(c.rows, m.seq, m.vocab if v == V - 1 else m.dim, dtype=dtype, requires_grad=True)
-        stages.append(pipelining.PipelineStage(Timed(segs[v]), v, V, cpu, input_args=inp, output_args=out))
+        stages.append(pipelining.PipelineStage(TimedModule(segs[v], spent), v, V, cpu, input_args=inp, output_args=out))
     name, style = SCHEDULE_CLASSES[c.schedule]
     sched = getattr(pipelining.schedules, name)(stages[0] if style == "single" else stages, n_microbatches=M,
                                                loss_fn=loss, scale_grads=False)
