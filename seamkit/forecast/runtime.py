@@ -184,15 +184,17 @@ def _alone(timed: Callable[[], float]) -> float:
     return mine
 
 
-def turns(timed: Callable[[], float], repeats: int) -> tuple[list[float], list[float]]:
-    """This rank's seconds of `timed()` alone (`_alone`) and with every rank at once, a turn of
-    each `repeats` times after one that warms up and is not kept; every rank calls it at once."""
+def turns(timed: Callable[[], float], repeats: int,
+          at_once: Callable[[], float] | None = None) -> tuple[list[float], list[float]]:
+    """This rank's seconds of `timed()` alone (`_alone`) and of `at_once()` (default: `timed`) with
+    every rank at once, a turn of each `repeats` times after one that warms up and is not kept;
+    every rank calls it at once."""
     import torch.distributed as dist
     alone, both = [], []
     for _ in range(repeats + 1):
         alone.append(_alone(timed))
         dist.barrier()
-        both.append(timed())
+        both.append((at_once or timed)())
     return alone[1:], both[1:]
 
 

@@ -43,7 +43,7 @@ import torch
 from seamkit.config import RunConfig
 from seamkit.forecast.candidates import LOCAL, Candidate, seg_blocks
 from seamkit.forecast.replay import B, torch_order
-from seamkit.forecast.runtime import TimedModule, _alone, run_spawned, timed_into, turns
+from seamkit.forecast.runtime import TimedModule, run_spawned, timed_into, turns
 from seamkit.model import GPT, lm_loss, param_dtype
 from seamkit.seams.pipeline.plan import SCHEDULE_CLASSES
 from seamkit.seams.pipeline.stage import Segment
@@ -138,8 +138,8 @@ def _pipe_work(cfg: RunConfig, c: Candidate, rank: int) -> tuple[Callable[[], fl
     name, style = SCHEDULE_CLASSES[c.schedule]
     sched = getattr(pipelining.schedules, name)(stages[0] if style == "single" else stages, n_microbatches=M,
                                                loss_fn=loss, scale_grads=False)
-    kinds = {v: {a.computation_type for a in torch_order(c.schedule, c.devices, M).actions[rank]
-                 if a.stage_index == v} for v in mine}
+    order = torch_order(c.schedule, c.devices, M).actions[rank]
+    kinds = {v: {a.computation_type for a in order if a.stage_index == v} for v in mine}
     backward_fns = ("stage_backward", "stage_backward_input", "stage_backward_weight")
 
     def inside() -> float:
@@ -180,22 +180,14 @@ def _pipe_work(cfg: RunConfig, c: Candidate, rank: int) -> tuple[Callable[[], fl
 def _pipe_turns(inside: Callable[[], float], alone: Callable[[], float], model: torch.nn.Module,
                 repeats: int) -> tuple[list, list]:
     """`runtime.turns` for a pipe: this rank's `alone()` in its turn, then `inside()` (one step of
-    the schedule every rank runs at once), `repeats` times after one turn that warms up; the
-    gradients cleared after each, as a step's update does."""
-    import torch.distributed as dist
-
+    the schedule every rank runs at once); the gradients cleared after each, as a step's update does."""
     def cleared(fn):
         def run():
             t = fn()
             model.zero_grad(set_to_none=True)
             return t
         return run
-    by_itself, at_once = [], []
-    for _ in range(repeats + 1):
-        by_itself.append(_alone(cleared(alone)))
-        dist.barrier()
-        at_once.append(cleared(inside)())
-    return by_itself[1:], at_once[1:]
+    return turns(cleared(alone), repeats, at_once=cleared(inside))
 
 
 def pace_factor(alone: list[list[float]], both: list[list[float]]) -> float:
@@ -213,8 +205,10 @@ def _worker(rank: int, init: str, out: str, world: int, cfg: RunConfig, cands: l
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
     result = {}
     for c in cands:
-        mine = _pipe_turns(*_pipe_work(cfg, c, rank), repeats) if c.schedule else turns(_rank_work(cfg, c, rank),
-                                                                                          repeats)
+        if c.schedule:
+            mine = _pipe_turns(*_pipe_work(cfg, c, rank), repeats)
+        else:
+            mine = turns(_rank_work(cfg, c, rank), repeats)
         every = [None] * world
         dist.all_gather_object(every, mine)
         result[share_key(c)] = pace_factor([a for a, _ in every], [b for _, b in every])
