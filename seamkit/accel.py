@@ -2,9 +2,8 @@
 
 `compile_model` compiles every block of a GPT in place (`nn.Module.compile`), so the forward
 and, through AOTAutograd, the backward of each block run as fused kernels. Blocks are the
-unit because both arms run them: e2e through `GPT.forward`, local segment by segment
-(seams.segment_losses), so one compiled block serves both and a seam never cuts through a
-compiled graph. All blocks share one code object and, with dynamo's inlined nn.Modules
+unit because every arm runs them, segment by segment (seams.chain), so one compiled block
+serves them all and a seam never cuts through a compiled graph. All blocks share one code object and, with dynamo's inlined nn.Modules
 (the default since torch 2.5), one graph: compiling 16 blocks costs one compile, not 16.
 The embedding, the final norm, the LM head and the loss stay eager.
 

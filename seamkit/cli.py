@@ -47,8 +47,7 @@ def build_config(args) -> C.RunConfig:
     ov = C.parse_overrides(args.overrides)
     for flag, key in (("seed", "train.seed"), ("threads", "train.threads"), ("budget", "train.budget_seconds"),
                       ("max_steps", "train.max_steps"), ("objective", "seams.objective"), ("seams", "seams.seams"),
-                      ("stages", "seams.stages"), ("schedule", "seams.pipeline_schedule"),
-                      ("micro_batches", "seams.micro_batches"), ("windows", "prune.windows"), ("samples", "prune.samples"),
+                      ("windows", "prune.windows"), ("samples", "prune.samples"),
                       ("policy", "prune.policy"), ("dtype", "prune.dtype"), ("repeats", "seams.repeats"),
                       ("order", "seams.order"), ("lr_schedule", "train.lr_schedule"), ("exact", "prune.exact"),
                       ("reference", "prune.reference"), ("devices", "seams.devices"), ("placement", "seams.placement"),
@@ -89,9 +88,9 @@ def check_writable(path, directory: bool = False) -> None:
 
 def cmd_info(args) -> int:
     from seamkit.model import param_counts
-    from seamkit.seams.cuts import parse_seams, traffic_bytes, traffic_ratios
+    from seamkit.seams.cuts import traffic_bytes, traffic_ratios
     cfg = build_config(args)
-    seams = parse_seams(cfg.seams.seams, cfg.model.n_blocks)
+    seams = cfg.seam_blocks
     b = traffic_bytes(cfg.model, cfg.data.batch, len(seams))
     out = {"preset": cfg.preset, "config": cfg.to_dict(), **param_counts(cfg.model), "seam_blocks": seams,
            "bytes": b, **traffic_ratios(b)}
@@ -154,22 +153,12 @@ def cmd_seams(args) -> int:
     cfg = build_config(args)
     if args.resume:
         args.out = args.resume
-        if cfg.seams.stages > 0:
-            raise C.ConfigError("--resume is for the one-device study (seams.stages=0)")
         R.check_study(args.out)  # before anything is created
-    extra = None
     with _made_dirs_go_on_error(Path(args.out).parent, checkpoint_path(args.out, "e2e").parent):
         check_writable(args.out)
         check_writable(checkpoint_path(args.out, "e2e"))
-        if cfg.seams.stages > 0:  # real pipeline stages, one process per segment (seamkit.seams.pipeline)
-            from seamkit.seams.pipeline import launch, summary
-            report = launch(cfg, Path(args.out))
-            extra = summary(report)
-        else:
-            report = seams_study(cfg, Path(args.out), resume=args.resume is not None)
+        report = seams_study(cfg, Path(args.out), resume=args.resume is not None)
     print(summary_table(report))
-    if extra:
-        print(extra)
     print(f"report: {args.out}")
     return _exit_code(report.get("status"))
 
@@ -328,18 +317,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--devices", type=_devices, help="the hardware budget both arms get: N, or auto (the free "
                    "cores on CPU, every GPU on CUDA; seams.devices)")
     p.add_argument("--placement", help="best (each arm its fastest placement on this machine, the default) or "
-                   "e2e=single|dp|pipe:SCHEDULE[:M],local=single|stages (seams.placement)")
+                   "e2e=single|dp|pipe:SCHEDULE[:M],local=single|stages,delayed=single|stages (seams.placement)")
     p.add_argument("--calibration", choices=C.CALIBRATIONS, help="placement=best: where each candidate's speed comes "
                    "from (seams.calibration)")
-    p.add_argument("--stages", type=int, help="run as S real pipeline stages on torch.distributed, arms one after "
-                   "the other (the pipeline's own report)")
     p.add_argument("--repeats", type=int, help="seeds to repeat the study for, paired (seams.repeats)")
     p.add_argument("--order", choices=C.ORDERS, help="arms take turns in slices, or run one after the other")
     p.add_argument("--lr-schedule", dest="lr_schedule", choices=C.LR_SCHEDULES,
                    help="LR schedule by budget share or by step (train.lr_schedule)")
-    p.add_argument("--pipeline-schedule", "--schedule", dest="schedule", choices=("auto",) + C.PIPELINE_SCHEDULES,
-                   help="with --stages: the e2e pipeline schedule (auto: the fastest bench/dist.py measured)")
-    p.add_argument("--micro-batches", dest="micro_batches", type=int, help="with --stages: e2e micro-batches")
     p.add_argument("--out", default="reports/seams.json", help="report path")
     p.add_argument("--resume", metavar="OUT", help="continue the study stopped with report path OUT "
                    "(same --preset and --set as that study)")

@@ -18,7 +18,7 @@ Callback events (`callback(event: dict)`, called off the clock):
       at most about 4 a second and once when training stops; step = steps done,
       fraction = share of the budget (or of max_steps) used
   {"kind": "end", "arm", "status", "result"}
-      after evaluation and the checkpoint; result is `run_arm`'s dict
+      after evaluation and the checkpoint; result is the arm's ArmResult (`seams.arm.run_arm`)
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from typing import Callable
 import torch
 
 from seamkit.config import RunConfig, TrainConfig
-from seamkit.data.rows import RowLoader, eval_batches
+from seamkit.data.rows import eval_batches
 from seamkit.model import GPT, lm_loss
 from seamkit.optim import clock_sets_lr, scheduled_lr
 
@@ -92,7 +92,7 @@ class Clock:
 
     def count(self, seconds: float) -> None:
         """Count `seconds` of a pause as training time after all (a rank that stopped while the
-        rest of its arm computed on: `seams.turns.RankTurns.pause`)."""
+        rest of its arm computed on: `seams.turns.ArmTurns.pause`)."""
         self.off -= seconds
 
 
@@ -119,12 +119,12 @@ class CurveMarks:
 
 
 class BudgetLoop:
-    """The budget's bookkeeping, which every placement drives one step at a time: a process running
-    one arm (`budget_loop`) and every rank of a pipeline run (`seams.pipeline.stage`).
+    """The budget's bookkeeping, which every placement drives one step at a time on every rank
+    (`seams.ranks.RankLoop`; one process is a world of one rank).
 
     `spent()` says whether the budget or max_steps is used up; `begin()` gives the next step, the
     training second it starts at and its LR; `stepped(...)` records a finished step (curve points
-    at their marks, progress, periodic checkpoints through `save`, `after_step` off the clock);
+    at their marks, progress, `after_step` off the clock);
     `fail(step)` and `interrupt()` end it; `finish()` fills the last marks and returns the run:
     status, steps, elapsed_s, max_step_s, failed_step, lr_final, points, wall_clock_dependent and
     `resume`, the plain loop state that `resume=` takes to continue where it was (steps, training
@@ -140,15 +140,15 @@ class BudgetLoop:
     """
 
     def __init__(self, tc: TrainConfig, tokens_per_step: int, clock: Clock,
-                 emit: Callable[[dict], None] | None, save: Callable[[int, dict], None] | None = None,
-                 after_step: Callable[[int, float], None] | None = None, resume: dict | None = None):
+                 emit: Callable[[dict], None] | None, after_step: Callable[[int, float], None] | None = None,
+                 resume: dict | None = None):
         self.tc, self.per_step, self.clock, self.emit = tc, tokens_per_step, clock, emit
-        self.save, self.after_step = save, after_step
+        self.after_step = after_step
         self.budget = tc.budget_seconds if tc.budget_seconds > 0 else math.inf
         self.marks = CurveMarks(tc.curve_points, self.budget, tc.max_steps)
         self.run = {"status": "complete", "steps": 0, "elapsed_s": 0.0, "max_step_s": 0.0, "failed_step": None,
                     "points": [], "lr_final": None, "wall_clock_dependent": False}
-        self.last, self.next_progress, self.next_save = None, 0.0, tc.checkpoint_every_s
+        self.last, self.next_progress = None, 0.0
         if resume is not None:  # continue: the points so far, each mark already passed, the clock from its seconds
             self.run.update({k: resume[k] for k in ("steps", "elapsed_s", "max_step_s", "lr_final")})
             self.run["wall_clock_dependent"] = bool(resume.get("wall_clock_dependent", True))  # unknown: say so
@@ -156,7 +156,6 @@ class BudgetLoop:
             self.run["points"] = resume["points"][:resume["n_points"]]
             self.run["points"] += [self.last] * (self.marks.j - len(self.run["points"]))  # marks of the last step
             clock.off -= self.run["elapsed_s"]
-            self.next_save = self.run["elapsed_s"] + tc.checkpoint_every_s
 
     @property
     def steps(self) -> int:
@@ -221,10 +220,6 @@ class BudgetLoop:
         if t1 >= self.next_progress:
             self._progress()
             self.next_progress = t1 + PROGRESS_EVERY_S
-        if self.save is not None and self.tc.checkpoint_every_s > 0 and t1 >= self.next_save:
-            with self.clock.paused():
-                self.save(step + 1, self.state())
-            self.next_save = t1 + self.tc.checkpoint_every_s
         if self.after_step is not None:
             with self.clock.paused():
                 self.after_step(step + 1, t1)
@@ -241,39 +236,6 @@ class BudgetLoop:
                 self._point(last)
         self._progress()
         return run
-
-
-def budget_loop(step_fn: Callable[[torch.Tensor, torch.Tensor, float], list[float]], loader: RowLoader,
-                tc: TrainConfig, clock: Clock, emit: Callable[[dict], None],
-                stop: Callable[[], bool] = lambda: False, save: Callable[[int, dict], None] | None = None,
-                gate: Callable[[Clock, int], None] | None = None,
-                after_step: Callable[[int, float], None] | None = None, resume: dict | None = None) -> dict:
-    """One process's arm: `step_fn(x_BT, y_BT, lr) -> segment losses` under a `BudgetLoop` until the
-    budget or max_steps, a non-finite loss (failed), or Ctrl-C / `stop()` (interrupted).
-
-    `gate(clock, steps_done)` runs before every step (the interleaved study's turns: it pauses the
-    clock while the other arm runs); `save` and `after_step` as for `BudgetLoop`.
-    """
-    loop = BudgetLoop(tc, loader.batch * loader.seq, clock, emit, save, after_step, resume)
-    try:
-        while True:
-            if gate is not None:
-                gate(clock, loop.steps)
-            if loop.spent():
-                break
-            if stop():
-                loop.interrupt()
-                break
-            step, t0, lr = loop.begin()
-            x_BT, y_BT = loader.next()
-            losses = step_fn(x_BT, y_BT, lr)
-            if not all(math.isfinite(v) for v in losses):
-                loop.fail(step)
-                break
-            loop.stepped(step, t0, lr, losses)
-    except KeyboardInterrupt:
-        loop.interrupt()
-    return loop.finish()
 
 
 # ----------------------------------------------------------------------------- callbacks

@@ -23,7 +23,7 @@ from seamkit.config import SeamkitError, override
 from seamkit.config import preset as make_preset
 from seamkit.report import atomic_write_text, load_report
 
-NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
+NOTEBOOKS = Path(__file__).resolve().parent / "notebooks"  # package data: links to notebooks/ in a checkout
 SEAMS_NB, PRUNING_NB = "01_seams.ipynb", "02_pruning.ipynb"
 
 
@@ -67,7 +67,8 @@ def run_notebook(src, dst, parameters: dict, cwd=None, echo: bool = False) -> Pa
 
     src, dst = Path(src), Path(dst)
     if not src.exists():
-        raise NotebookError(f"{src}: no such notebook (reproduce runs the notebooks of a seamkit source checkout)")
+        raise NotebookError(f"{src}: no such notebook (a checkout made without symbolic links lacks seamkit/notebooks/: "
+                            f"pass notebooks=<the checkout's notebooks/>)")
     dst.parent.mkdir(parents=True, exist_ok=True)
     before = os.environ.get(HEADLESS_ENV)
     os.environ[HEADLESS_ENV] = "1"  # the kernel keeps OpenMP's default waiting (seamkit/__init__.py)

@@ -38,7 +38,7 @@ from tqdm.auto import tqdm
 
 from seamkit import checkpoint as ckpt_mod
 from seamkit.config import RunConfig, tokenizer_vocab
-from seamkit.costs import measured_flops
+from seamkit.flops import measured_flops
 from seamkit.data.errors import DataError, TokenizerMismatch
 from seamkit.data.load import load_corpus
 from seamkit.data.windows import make_windows

@@ -1,12 +1,22 @@
-"""The seams study: cut a GPT between blocks, train it end to end or locally, compare at equal
-wall-clock.
+"""The seams study: cut a GPT between blocks, train it end to end, locally or with delayed
+gradients, and compare at equal wall-clock on the same hardware.
 
-- `cuts`: where seams sit, the segments between them, what each segment owns, the traffic.
-- `objectives`: the local objectives (aux heads, the model's own head) and the per-segment losses.
-- `arm`: one arm (e2e or local) built, stepped and run for its budget on the shared loop.
+Design. An arm is a point of one seam policy (`policy`): what comes back across a seam, the
+gradient at once (e2e), the gradient `delay` steps later (delayed), or nothing (local). One
+segment chain (`chain`) trains every point, in one process and as one rank loop on stages;
+torch's pipeline schedules (`schedules`) and DDP (`ddp`) are e2e-only placements that share the
+step's clip, update and non-finite handling (`update`). A placement (`placement`: the one
+definition, for the study, its calibration and the forecast) says where the segments run; one
+budget loop drives any placement's step on every rank (`ranks`), and one launcher starts the
+ranks (`launch`), for the study's arms (`processes`, taking `turns`) and under torchrun alike.
+
+- `policy`: the arms as points of the seam policy.
+- `cuts`, `objectives`: the traffic across seams; the local objectives and private modules.
+- `chain`, `inflight`, `update`: the one training step, what it keeps in flight, its end.
+- `stages`, `schedules`, `ddp`: each placement kind's step around it; `wire`: counted P2P.
+- `placement`, `calibration`: where each arm runs and how fast each candidate is on this host.
+- `ranks`, `words`, `turns`: the budget loop on a rank, rank 0's words, the study's turns.
+- `arm`: one arm on one rank, built, trained, evaluated, checkpointed; `launch`: the launcher.
+- `processes`, `study`, `report`, `result`, `resume`, `snapshots`, `per_token`: the study.
 - `run`: `seamkit train`, one e2e run with its checkpoint and summary.
-- `processes`: each arm in a process of its own, taking turns in slices.
-- `study`: seeds, the interleaved arms, the held-out views; `report` builds and prints the report.
-- `costs`: each arm's parameters and FLOPs per token, counted on one real step (MFU: `seamkit.costs`).
-- `pipeline/`: the same arms as real pipeline stages on torch.distributed.
 """

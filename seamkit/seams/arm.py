@@ -1,168 +1,74 @@
-"""The e2e and local arms: how each is built, what one step does, and one arm's run for its budget
-on the shared loop (`seamkit.loop`). The study that interleaves the arms, repeats seeds and
-writes the report is `seams.study`; the arms' processes and their turns are `seams.processes`.
+"""One arm of the seams study on one rank, on any placement: built, trained for its budget,
+evaluated, checkpointed, its result assembled on rank 0. One process is a world of one rank.
 
-The reference's method (docs/reference.md): both arms start from the same weights
-(`torch.manual_seed(train.seed)` right before `GPT(...)`), read the same batches in the same
-order (`RowLoader` with the same seed), and train with AdamW for `train.budget_seconds` of
+The reference's method (docs/reference.md): every arm starts from the same weights
+(`torch.manual_seed(train.seed)` right before `GPT(...)`), reads the same batches in the same
+order (`RowLoader` with the same seed), and trains with AdamW for `train.budget_seconds` of
 training clock or `train.max_steps` steps, whichever comes first. The LR schedule
 (`optim.scheduled_lr`) follows the share of the budget spent by default, so each arm anneals
-exactly when its own budget ends. Evaluation, checkpoints, snapshots, turn-taking and
-callbacks run off the clock.
+exactly when its own budget ends. Evaluation, checkpoints, snapshots, turns and callbacks run off
+the clock.
 
-- e2e: plain backprop through the whole model, one global-norm gradient clip.
-- local: `objectives.segment_losses` detaches h_BTC at every seam; each segment's loss is
-  backpropagated as soon as its forward is done (which frees that segment's activations: the
-  memory local saves) and reaches only what the segment owns (`cuts.segment_params`, plus its
-  private module in `heads`). Clipping is per segment, over what it owns; the last segment's
-  group holds the final norm and LM head, which under `shared_head` also carry every other
-  segment's gradient.
-  With no seams this is e2e, bit for bit.
-- delayed (`seams.delayed`, not one of the study's ARMS): backprop whose gradients cross each
-  seam `seams.delay` steps late, simulated exactly; `build_arm` and `train_step` hand it to that
-  module, and its in-flight state rides in the checkpoint's `extra` ("delayed").
-- Weight decay applies to matrices only (`optim.make_optimizer`). The GPT and the aux heads have
-  separate AdamW instances, so a checkpoint's `optimizer` is the GPT's alone; the aux heads,
-  their optimizer state and the class map ride in the checkpoint's `extra`.
+What an arm's step is depends on its placement: the segment chain for `single` and `stages`
+(`stages.ChainStep`, every point of the seam policy), a torch schedule for `pipe`
+(`schedules.PipeStep`), DDP for `dp` (`ddp.DDPStep`); `ranks.RankLoop` drives any of them.
 
-Held-out loss: the mean LM loss over `held_out(corpus, cfg)` (the val split, `train.eval_tokens`
-tokens in whole batches, the whole split when it is smaller), with its standard error over the
-batches. Memory (`memory.Baseline`): the peak over training and its growth over the RSS (or
-CUDA allocation) training started from; RSS is the arm's own only when it runs in a process of
-its own (`own_process`). An arm ends `complete`, `failed` (a non-finite training loss:
-`failed_step`, and no update from that step), `interrupted` (Ctrl-C or `stop()`: it stops
-between steps and still checkpoints and reports) or, in a report, `not_run`.
-Every checkpoint carries the loop's state (`budget_loop`'s `loop_state`), so an arm stopped
-any way can continue where it was (`seams.resume`, `--resume`). The study adds "seed" to every event when it repeats seeds.
+Checkpoints. Every rank's state (`RankLoop.state`) is gathered on rank 0 and joined into one
+checkpoint: the ranks' weights as one GPT (what `prune-check` and the held-out views read; one
+process's GPT optimizer at the top level, as a one-process checkpoint has it) and each rank's
+state without its weights in `extra["ranks"]`, from which a resumed arm goes on on the same
+placement. Held-out loss: the mean LM loss over `loop.held_out` (the val split,
+`train.eval_tokens` tokens in whole batches), with its standard error over the batches. Memory
+(`memory.Baseline`): each rank's peak and its growth over the RSS (or CUDA allocation) its
+training started from; RSS is the arm's own only in a process of its own (`own_process`).
 """
 
 from __future__ import annotations
 
-import math
-import os
+import dataclasses
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-import numpy as np
 import torch
-import torch.nn as nn
+import torch.distributed as dist
 
 from seamkit import checkpoint
-from seamkit.config import ConfigError, RunConfig
+from seamkit.config import Placement, RunConfig
 from seamkit.data.load import load_corpus
-from seamkit.data.rows import RowLoader, epochs, repeat_warning
-from seamkit.loop import Clock, budget_loop, evaluate_model, held_out
-from seamkit.memory import Baseline
-from seamkit.model import GPT, autocast, lm_loss, param_dtype, resolve_device
-from seamkit.optim import make_optimizer, step_at
-from seamkit.seams.cuts import parse_seams, segment_params, segments
-from seamkit.seams.delayed import DelayedArm, build_delayed, delayed_step
-from seamkit.seams.delayed import load_state_dict as load_delayed
-from seamkit.seams.delayed import state_dict as delayed_state
-from seamkit.seams.objectives import (
-    class_map,
-    make_aux_blocks,
-    make_aux_heads,
-    make_own_heads,
-    segment_losses,
-)
-from seamkit.seams.result import ArmResult, curve
-from seamkit.seams.resume import restore_arm
+from seamkit.data.rows import epochs, repeat_warning
+from seamkit.loop import held_out
+from seamkit.model import GPT, param_dtype, resolve_device
+from seamkit.seams.ddp import DDPStep
+from seamkit.seams.placement import Layout, layout
+from seamkit.seams.policy import policy
+from seamkit.seams.ranks import RankLoop
+from seamkit.seams.result import ArmResult, from_ranks
+from seamkit.seams.resume import ResumeError, load_arm
+from seamkit.seams.schedules import PipeStep
+from seamkit.seams.snapshots import Snapshots, merge_ranks
+from seamkit.seams.stages import ChainStep
+from seamkit.seams.turns import ArmTurns
+from seamkit.seams.wire import summary
 
-ARMS = ("e2e", "local")
-PRIVATE = ("aux_head", "aux_block", "own_head")  # local objectives whose non-final segments own a module (`Arm.heads`)
+STEPS = {"single": ChainStep, "stages": ChainStep, "pipe": PipeStep, "dp": DDPStep}
 
 
-@dataclass
-class Arm:
-    """Everything one arm trains, built by `build_arm`."""
-    name: str  # "e2e" or "local"
-    model: GPT
-    opt: torch.optim.Optimizer  # the GPT's parameters only
-    heads: nn.ModuleList | None  # local + aux_head, aux_block, own_head: one private module per non-final segment
-    head_opt: torch.optim.Optimizer | None
-    segs: list[list[int]]  # blocks of each segment; e2e: one segment
-    groups: list[list[torch.nn.Parameter]]  # what each segment clips together
-    classes: torch.Tensor | None  # aux_head, aux_block: token id -> class
-    objective: str | None  # local objective; None for e2e
-    device: torch.device
-    dtype_name: str
+@dataclasses.dataclass(frozen=True)
+class ArmSpec:
+    """What one arm's run needs, the same on every rank (plain and picklable)."""
+    arm: str
+    cfg: RunConfig
+    placement: Placement
+    devices: int  # the study's hardware budget
+    checkpoint: str | None = None  # where the arm's checkpoint goes (and a resumed arm comes from)
+    snapshots: str | None = None  # a folder: the weights on the study's doubling grid of steps
+    resume: bool = False  # go on from `checkpoint` where it exists
+    own_process: bool = True  # nothing else runs in this process: its RSS is the arm's
 
-    def autocast(self):
-        return autocast(self.device, self.dtype_name)
-
-
-def token_counts(corpus, split: str, vocab: int) -> np.ndarray:
-    """How often each token id occurs in a split (in memory or token files: the corpus counts)."""
-    return corpus.token_counts(split, vocab)
-
-
-def build_arm(arm: str, cfg: RunConfig, corpus) -> Arm | DelayedArm:
-    if arm == "delayed":  # seams.delayed: its own step and its in-flight state
-        return build_delayed(cfg, corpus)
-    if arm not in ARMS:
-        raise ConfigError(f"unknown arm {arm!r}; choose one of {ARMS + ('delayed',)}")
-    device, dtype = resolve_device(cfg.train.device), param_dtype(cfg.train.dtype)
-    torch.manual_seed(cfg.train.seed)
-    model = GPT(cfg.model).to(device=device, dtype=dtype)
-    if cfg.train.compile:  # compiled on the first step, inside the budget (meant for CUDA)
-        from seamkit.accel import compile_model
-        compile_model(model)
-    local = arm == "local"
-    segs = segments(parse_seams(cfg.seams.seams, cfg.model.n_blocks) if local else [], cfg.model.n_blocks)
-    groups = [[p for _, p in owned] for owned in segment_params(model, segs)]
-    heads = head_opt = classes = None
-    objective = cfg.seams.objective
-    if local and objective in PRIVATE and len(segs) > 1:
-        n, k, seed = len(segs) - 1, cfg.seams.aux_classes, cfg.train.seed
-        heads = (make_aux_heads(cfg.model, n, k, seed) if objective == "aux_head" else
-                 make_aux_blocks(cfg.model, n, k, seed) if objective == "aux_block" else make_own_heads(model, n))
-        heads = heads.to(device=device, dtype=dtype)
-        head_opt = make_optimizer(heads, cfg.train)
-        if objective != "own_head":  # own_head reads the vocabulary itself
-            classes = class_map(token_counts(corpus, "train", cfg.model.vocab), cfg.seams.aux_classes).to(device)
-        for k, head in enumerate(heads):
-            groups[k] += list(head.parameters())
-    return Arm(name=arm, model=model, opt=make_optimizer(model, cfg.train), heads=heads, head_opt=head_opt,
-               segs=segs, groups=groups, classes=classes, objective=cfg.seams.objective if local else None,
-               device=device, dtype_name=cfg.train.dtype)
-
-
-def train_step(a: Arm | DelayedArm, x_BT: torch.Tensor, y_BT: torch.Tensor, lr: float, grad_clip: float) -> list[float]:
-    """One optimizer step; returns each segment's training loss (e2e: one; delayed: `delayed_step`'s).
-
-    A non-finite loss leaves the weights as they were (no update) for the caller to stop on.
-    """
-    if a.name == "delayed":
-        return delayed_step(a, x_BT, y_BT, lr, grad_clip)
-    if a.name == "e2e":
-        with a.autocast():
-            loss = lm_loss(a.model(x_BT), y_BT)
-        loss.backward()
-        losses = [loss.detach()]
-    else:
-        losses = []
-        for loss in segment_losses(a.model, x_BT, y_BT, a.segs, a.objective, a.heads, a.classes,
-                                   autocast=a.autocast):
-            loss.backward()  # now, before the next segment runs: frees this segment's activations
-            losses.append(loss.detach())
-    values = torch.stack(losses).tolist()
-    opts = [o for o in (a.opt, a.head_opt) if o is not None]
-    if all(math.isfinite(v) for v in values):
-        if grad_clip > 0:
-            for group in a.groups:
-                torch.nn.utils.clip_grad_norm_(group, grad_clip)
-        step_at(opts, lr)
-    for opt in opts:
-        opt.zero_grad(set_to_none=True)
-    return values
-
-
-def evaluate(a: Arm, batches) -> float:
-    """Mean held-out LM loss of an arm's model as it stands."""
-    return evaluate_model(a.model, batches, a.autocast)[0]
+    @property
+    def layout(self) -> Layout:
+        return layout(self.cfg, self.arm, self.placement, self.devices)
 
 
 def checkpoint_path(out_path, arm: str, repeat: int = 0) -> Path:
@@ -173,81 +79,139 @@ def checkpoint_path(out_path, arm: str, repeat: int = 0) -> Path:
     return out_path.parent / "checkpoints" / f"{out_path.stem}_{arm}{suffix}.pt"
 
 
-def run_arm(arm: str, cfg: RunConfig, corpus=None, callback: Callable[[dict], None] | None = None,
-            checkpoint_path: str | os.PathLike | None = None, own_process: bool = False,
-            stop: Callable[[], bool] = lambda: False, gate: Callable[[Clock, int], None] | None = None,
-            after_step: Callable[[Arm, int, float], None] | None = None, resume_from: dict | None = None,
-            save_extra: Callable[[], dict] | None = None) -> ArmResult:
-    """Train one arm for the budget, evaluate it, checkpoint it; returns its metrics (unrounded).
+def device_of(cfg: RunConfig, local_rank: int) -> torch.device:
+    device = resolve_device(cfg.train.device)
+    if device.type == "cuda":  # one GPU per rank
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+    return device
 
-    `own_process`: this process runs nothing else, so its peak RSS is the arm's (else the RSS
-    keys are None). `stop`: polled every step; True ends the arm as interrupted. `gate` and
-    `after_step` as for `budget_loop` (after_step also gets the arm). `resume_from`: a loaded
-    checkpoint of this arm (`resume.load_arm`) to continue from: weights, both optimizers, RNG,
-    data position and the loop's state. `save_extra()`: more plain data for every checkpoint's
-    `extra` (the study's slices and snapshots).
-    """
-    tc = cfg.train
-    if tc.threads > 0:
-        torch.set_num_threads(tc.threads)
+
+def run_arm(spec: ArmSpec, rank: int = 0, world: int = 1, emit: Callable[[dict], None] | None = None,
+            turns: tuple | None = None, stop: Callable[[], bool] = lambda: False, faults=None,
+            local_rank: int | None = None, corpus=None) -> ArmResult | None:
+    """Train `spec`'s arm on this rank (world > 1: inside a process group of `world` ranks, one
+    per rank of its placement); returns its ArmResult on rank 0, None elsewhere. `emit`: the loop's
+    events (seamkit.loop) with "arm" added; `turns`: a TurnTable's shared values (None: alone);
+    `stop()`: True ends the arm as interrupted; `faults`: the store a failed local stage writes to."""
+    cfg, lay = spec.cfg, spec.layout
+    emit = emit or (lambda e: None)
+    torch.set_num_threads(lay.threads)
+    device = device_of(cfg, rank if local_rank is None else local_rank)
     corpus = corpus if corpus is not None else load_corpus(cfg.data)
-    a = build_arm(arm, cfg, corpus)
-    loader = RowLoader(corpus, "train", cfg.data.batch, cfg.model.seq, tc.seed, device=a.device)
-    batches = held_out(corpus, cfg, device=a.device)
-    if resume_from is not None:
-        restore_arm(resume_from, a, loader)
-        if arm == "delayed":
-            load_delayed(a, resume_from["extra"]["delayed"])
-    callback = callback or (lambda event: None)
-    callback({"kind": "start", "arm": arm, "budget_seconds": tc.budget_seconds, "max_steps": tc.max_steps,
-              "tokens_per_step": cfg.data.batch * cfg.model.seq, "segments": a.segs, "objective": a.objective})
+    step = STEPS[lay.kind](cfg, lay, rank, world, device, corpus,
+                           torch.float64 if cfg.train.dtype == "float64" else torch.float32, faults)
+    batches = held_out(corpus, cfg, device=device)
+    if rank not in (0, lay.loss_rank) or (lay.kind == "dp" and rank != 0):
+        batches = [None] * len(batches)  # counted, never evaluated here
+    resume = _resume_state(spec, rank, world) if spec.resume else None
+    per_step = cfg.data.batch * cfg.model.seq
 
-    def save(step: int, loop_state: dict | None = None, status: str = "running") -> str | None:
-        if checkpoint_path is None:
-            return None
-        extra = {"arm": arm, "status": status, "resume": loop_state, **(save_extra() if save_extra else {}),
-                 "objective": a.objective, "segments": a.segs, "classes": a.classes,
-                 "aux_heads": a.heads.state_dict() if a.heads is not None else None,
-                 "aux_optimizer": a.head_opt.state_dict() if a.head_opt is not None else None,
-                 **({"delayed": delayed_state(a)} if arm == "delayed" else {})}  # its gradients in flight
-        ckpt_id = checkpoint.save(checkpoint_path, a.model, a.opt, cfg, step=step,
-                                  data_state=loader.state_dict(), extra=extra)
-        return checkpoint.ref(checkpoint_path, ckpt_id)
+    def send(event: dict) -> None:
+        emit({"arm": spec.arm, **event})
 
-    sync = (lambda: torch.cuda.synchronize(a.device)) if a.device.type == "cuda" else (lambda: None)
-    memory = Baseline.start(a.device)
-    clock = Clock(sync)
+    def gather(obj) -> list | None:
+        if world == 1:
+            return [obj]
+        got = [None] * world if rank == 0 else None
+        dist.gather_object(obj, got, dst=0)
+        return got
 
-    def emit(event: dict) -> None:
-        with clock.paused():
-            callback({"arm": arm, **event})
+    def floats(x: float) -> list[float]:
+        if world == 1:
+            return [x]
+        got = [None] * world
+        dist.all_gather_object(got, x)
+        return got
+    slice_s = cfg.seams.slice_seconds if cfg.seams.order == "interleaved" else float("inf")
+    arm_turns = ArmTurns(turns, rank, slice_s, per_step, send, floats)
+    snaps = Snapshots(spec.snapshots, 8 * cfg.seams.token_marks) if spec.snapshots else None
+    save = (lambda states, status: _join(spec, lay, states, status)) if spec.checkpoint else None
+    loop = RankLoop(cfg, lay, rank, step, corpus, device, send, arm_turns, gather, save, stop, snaps, batches)
+    if rank == lay.loss_rank:
+        send({"kind": "start", "budget_seconds": cfg.train.budget_seconds, "max_steps": cfg.train.max_steps,
+              "tokens_per_step": per_step, "segments": lay.segs if lay.kind in ("single", "stages") else
+              [list(range(cfg.model.n_blocks))], "objective": step.chain.policy.objective
+              if hasattr(step, "chain") else None})
+    if world > 1:
+        dist.barrier()  # every rank built before the arm says it is ready
+    if rank == 0:
+        send({"kind": "_ready"})
+    run = loop.train(resume)
+    ref = loop.checkpoint(run["status"], loop.final)
+    results = gather(loop.result(run))
+    if rank != 0:
+        return None
+    try:
+        return _result(spec, lay, corpus, results, ref, send)
+    finally:
+        arm_turns.hand_back()
 
-    run = budget_loop(lambda x_BT, y_BT, lr: train_step(a, x_BT, y_BT, lr, tc.grad_clip), loader, tc, clock, emit, stop=stop, save=save, gate=gate,
-                      after_step=(lambda steps, t: after_step(a, steps, t)) if after_step else None,
-                      resume=resume_from["extra"]["resume"] if resume_from is not None else None)
-    mem = memory.measure()
-    if not own_process:
-        mem.update(peak_rss_bytes=None, rss_start_bytes=None, rss_growth_bytes=None)
-    final_loss = final_stderr = None
-    if run["status"] == "complete":
-        try:
-            final_loss, final_stderr = evaluate_model(a.model, batches, a.autocast)
-        except KeyboardInterrupt:
-            run["status"] = "interrupted"
-    if final_loss is not None and not math.isfinite(final_loss):
-        final_loss = final_stderr = None
-    ref = save(run["steps"], run.pop("resume"), run["status"])
-    tokens = run["steps"] * cfg.data.batch * cfg.model.seq
-    repeated = repeat_warning(arm, tokens, corpus)
-    if repeated:
-        print(f"seamkit: warning: {repeated}", file=sys.stderr)
-    result = ArmResult(
-        arm=arm, status=run["status"], steps=run["steps"], tokens=tokens, elapsed_s=run["elapsed_s"],
-        tokens_per_s=tokens / run["elapsed_s"] if run["elapsed_s"] > 0 else 0.0,
-        final_loss=final_loss, final_loss_stderr=final_stderr, eval_tokens=len(batches) * cfg.data.batch * cfg.model.seq,
-        **mem, lr_final=run["lr_final"], max_step_s=run["max_step_s"], failed_step=run["failed_step"],
-        objective=a.objective, segments=a.segs, **curve(run["points"]), epochs=epochs(tokens, corpus),
-        repeat_warning=repeated, checkpoint=ref, checkpoint_path=str(checkpoint_path) if checkpoint_path else None,
-        wall_clock_dependent=run["wall_clock_dependent"])
-    callback({"kind": "end", "arm": arm, "status": run["status"], "result": result})
+
+def _result(spec: ArmSpec, lay: Layout, corpus, ranks: list[dict], ref: str | None, send) -> ArmResult:
+    """Rank 0: the arm's result from its ranks', with its wire, snapshots and checkpoint."""
+    cfg = spec.cfg
+    result = from_ranks(cfg, lay, ranks)
+    result.wire = summary(cfg, lay, ranks)
+    result.epochs = epochs(result.tokens, corpus)
+    result.repeat_warning = repeat_warning(spec.arm, result.tokens, corpus)
+    if result.repeat_warning:
+        print(f"seamkit: warning: {result.repeat_warning}", file=sys.stderr)
+    if not spec.own_process:
+        result.peak_rss_bytes = result.rss_start_bytes = result.rss_growth_bytes = None
+    if spec.snapshots is not None:  # an arm stopped early keeps its ranks' shares for the resumed one
+        result.snapshots = [] if result.status == "interrupted" else \
+            merge_ranks(spec.snapshots, spec.arm, [r.get("snapshots") or [] for r in ranks])
+    result.checkpoint, result.checkpoint_path = ref, spec.checkpoint
+    send({"kind": "end", "status": result.status, "result": result})
     return result
+
+
+def _join(spec: ArmSpec, lay: Layout, states: list[dict], status: str) -> str:
+    """The ranks' states as one checkpoint (module docstring); its reference."""
+    cfg, weights = spec.cfg, {}
+    for state in states:
+        weights.update(state["weights"])
+    model = GPT(cfg.model).to(dtype=param_dtype(cfg.train.dtype))
+    model.load_state_dict(weights)  # strict: every rank's share together is the whole GPT
+    ranks = [{k: v for k, v in s.items() if k != "weights"} for s in states]
+    opt = None
+    if lay.ranks == 1:  # one process: the GPT's optimizer at the top level, where prune-check reads it
+        opt = _Saved(ranks[0]["optimizers"][0])
+        ranks[0] = {**ranks[0], "optimizers": [None, *ranks[0]["optimizers"][1:]]}
+    loop = states[0]["loop"]
+    extra = {"arm": spec.arm, "status": status, "resume": loop, "placement": lay.placement.name, "world": lay.ranks,
+             "ranks": ranks, "slices": states[0]["slices"], "objective": policy(spec.arm, cfg.seams).objective,
+             "segments": lay.segs}
+    Path(spec.checkpoint).parent.mkdir(parents=True, exist_ok=True)
+    ckpt_id = checkpoint.save(spec.checkpoint, model, opt, cfg, step=loop["steps"], data_state=states[0]["data"],
+                              extra=extra)
+    return checkpoint.ref(spec.checkpoint, ckpt_id)
+
+
+class _Saved:
+    """A saved optimizer state where checkpoint.save asks for an optimizer."""
+
+    def __init__(self, state: dict):
+        self.state = state
+
+    def state_dict(self) -> dict:
+        return self.state
+
+
+def _resume_state(spec: ArmSpec, rank: int, world: int) -> dict | None:
+    """This rank's state in the arm's checkpoint (its weights the checkpoint's GPT, its share
+    taken by the step), or None when there is none to go on from."""
+    path = Path(spec.checkpoint) if spec.checkpoint else None
+    if path is None or not path.exists():
+        return None
+    ckpt = load_arm(path, spec.cfg, spec.arm)
+    extra = ckpt["extra"]
+    if extra.get("placement") != spec.layout.placement.name or extra.get("world") != world or not extra.get("ranks"):
+        raise ResumeError(f"cannot resume from {path}: it holds arm {extra.get('arm')!r} on "
+                          f"{extra.get('placement') or 'single'} over {extra.get('world') or 1} rank(s), "
+                          f"this study runs it on {spec.layout.placement.name} over {world}")
+    state = dict(extra["ranks"][rank])
+    if world == 1:
+        state["optimizers"] = [ckpt["optimizer"], *state["optimizers"][1:]]
+    return {**state, "weights": ckpt["model"]}

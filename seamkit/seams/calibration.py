@@ -1,23 +1,22 @@
-"""How fast each placement candidate trains on this machine: what `seams.placement=best` picks from.
+"""How fast each placement candidate trains on this host: what `seams.placement=best` picks from.
 
-Each candidate (`placement.candidates`) trains `seams.calibrate_steps` steps alone, in processes
-of its own (as the study runs it), outside every arm's budget; its speed is taken over the steps
-after the first quarter (warm-up: allocations, the first pipeline fill), from the loss curve's
-per-step times. Every candidate runs `seams.calibrate_rounds` times (the order reversed every
-other round) and counts at its median: this machine's speed drifts by 10-20% between minutes,
-and candidates within that of each other are otherwise ranked by the drift. The seconds the whole
-calibration took, and every run's speed, are in the report.
+Each candidate (`placement.candidates`) trains `seams.calibrate_steps` steps alone, on processes
+of its own (as the study runs it, `processes.run_arms`), outside every arm's budget; its speed is
+taken over the steps after the first quarter (warm-up: allocations, the first pipeline fill),
+from the loss curve's per-step times. Every candidate runs `seams.calibrate_rounds` times (the
+order reversed every other round) and counts at its median: a machine's speed drifts by 10-20%
+between minutes, and candidates within that of each other are otherwise ranked by the drift.
 
-`seams.calibration`: `run` measures now; `bench` reads a committed `bench/results/placement.json`
-(written by `bench/placement.py`) whose machine and config match this run, and refuses one that
-does not; `auto` (the default) reads a matching one where there is one and measures otherwise.
-
-A committed speed stands for this run only when it was measured under the same conditions: the
-same CPU, cores, torch and OpenMP wait policy (`machine_key`). The policy matters most: an
-interactive notebook kernel waits passively (seamkit/__init__.py), which costs a two-thread
-`single` about a third of its speed and a one-thread rank nothing, so a choice made from the
-command line's speeds would put an arm on its slower placement there. Entries written before the
-policy was recorded were measured from a shell with OpenMP's default waiting.
+Speeds are host-true. `seams.calibration`: `run` measures now; `auto` (the default) looks for a
+committed calibration (`calibrations.json`, package data written by bench/placement.py) of this
+host and config, re-times the candidates it chose on this host, and takes it only when each
+re-timed speed is within RETIME_TOL of the committed one, else measures now; `bench` insists on
+a committed one that holds here. A committed entry names its host by what it was measured on
+(CPU model, cores, torch, OpenMP wait policy, GPU) and by a speed fingerprint (`fingerprint`: a
+one-thread matmul's FLOP/s): hosts that report the same CPU model differ by 2-3x, and a speed
+of another host must never pick a placement. The report's placement block says where the
+speeds came from and which were measured in this run (`measured_here`), the only ones a
+forecast may be validated against.
 """
 
 from __future__ import annotations
@@ -27,25 +26,49 @@ import json
 import math
 import platform
 import statistics
+import sys
 import time
 from pathlib import Path
 
 import torch
 
-from seamkit.config import ConfigError, RunConfig, override
-from seamkit.seams.pipeline.placed import run_placed
-from seamkit.seams.placement import Placement, arm_config
-from seamkit.seams.processes import run_arm_isolated
+from seamkit.config import ConfigError, Placement, RunConfig, override, parse_placement
+from seamkit.seams.arm import ArmSpec
+from seamkit.seams.placement import candidates
+from seamkit.seams.processes import run_arms
+from seamkit.seams.report import placement_block
 from seamkit.threads import openmp_wait, usable_cores
 
-BENCH = Path(__file__).resolve().parents[2] / "bench" / "results" / "placement.json"
+COMMITTED = Path(__file__).resolve().parents[1] / "calibrations.json"  # package data
+RETIME_TOL = 0.15  # a committed speed holds here when re-timed within this share of it
+FINGERPRINT_TOL = 0.15  # hosts whose fingerprints differ by more are different hosts
 # the config fields a candidate's speed depends on (not the seed, budget or learning rate)
-SPEED_FIELDS = ("model", "data.batch", "train.dtype", "train.device", "train.compile", "seams.seams", "seams.objective",
-                "seams.aux_classes", "seams.order", "seams.delay", "seams.weight_stashing", "seams.local_weight")
+SPEED_FIELDS = ("model", "data.batch", "train.dtype", "train.device", "train.compile", "train.threads",
+                "seams.seams", "seams.objective", "seams.aux_classes", "seams.order", "seams.delay",
+                "seams.weight_stashing", "seams.local_weight", "seams.arms")
+
+
+def fingerprint(seconds: float = 0.3, n: int = 256) -> float:
+    """This host's speed: the best FLOP/s of an n x n float32 matmul on one thread over `seconds`."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        a, b = torch.randn(n, n), torch.randn(n, n)
+        a @ b
+        best, end = 0.0, time.perf_counter() + seconds
+        while time.perf_counter() < end:
+            t = time.perf_counter()
+            for _ in range(4):
+                a @ b
+            best = max(best, 4 * 2 * n ** 3 / (time.perf_counter() - t))
+        return best
+    finally:
+        torch.set_num_threads(threads)
 
 
 def machine_key() -> dict:
-    """What a committed speed must have been measured on to stand for this machine's."""
+    """What a committed speed must have been measured on to stand for this host's (its
+    fingerprint is compared apart, within FINGERPRINT_TOL)."""
     cpu = platform.processor() or platform.machine()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -62,14 +85,12 @@ def machine_key() -> dict:
 
 def speed_key(cfg: RunConfig, devices: int) -> str:
     """A short digest of what a candidate's speed depends on."""
-    d = cfg.to_dict()
-    picked = {}
+    d, picked = cfg.to_dict(), {"devices": devices}
     for f in SPEED_FIELDS:
         v = d
         for part in f.split("."):
             v = v[part]
         picked[f] = v
-    picked["devices"] = devices
     return hashlib.sha256(json.dumps(picked, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -77,7 +98,7 @@ def short_config(cfg: RunConfig) -> RunConfig:
     """A candidate's calibration run: `calibrate_steps` steps, a point at every step, one held-out batch."""
     n = cfg.seams.calibrate_steps
     return override(cfg, {"train.max_steps": n, "train.budget_seconds": 0.0, "train.curve_points": n,
-                          "train.eval_tokens": 1, "train.checkpoint_every_s": 0.0})
+                          "train.eval_tokens": 1, "train.checkpoint_every_s": 0.0, "seams.order": "sequential"})
 
 
 def steady_tokens_per_s(result, tokens_per_step: int) -> float | None:
@@ -92,74 +113,115 @@ def steady_tokens_per_s(result, tokens_per_step: int) -> float | None:
     return (result.steps - w) * tokens_per_step / (result.elapsed_s - t_w)
 
 
-def medians(values: dict) -> dict:
-    """{arm: {candidate: the median of its speeds}} (None where any run gave none)."""
-    return {arm: {n: statistics.median(v) if v and all(x is not None for x in v) else None for n, v in vs.items()}
-            for arm, vs in values.items()}
+def _median(values: list) -> float | None:
+    return statistics.median(values) if values and all(v is not None for v in values) else None
 
 
-def spread(values: dict) -> dict:
-    """{arm: {candidate: {values, min, max}}} of every run's speed (None where any run gave none)."""
-    return {arm: {n: {"values": v, "min": min(v), "max": max(v)} if v and all(x is not None for x in v) else None
-                  for n, v in vs.items()} for arm, vs in values.items()}
-
-
-def measure(cfg: RunConfig, devices: int, candidates: dict[str, list[Placement]], progress=None,
+def measure(cfg: RunConfig, devices: int, cands: dict[str, list[Placement]], progress=None,
             rounds: int | None = None) -> dict:
-    """Every candidate `rounds` times (`seams.calibrate_rounds`), one after the other, the order
-    reversed every other round so a drift of the machine reaches all alike; {arm: {placement name:
-    the median tokens/s}}, each run's speed (`spread`) and the seconds taken."""
+    """Every candidate `rounds` times, one after the other, the order reversed every other round so
+    a drift of the machine reaches all alike: {arm: {name: median tokens/s}}, every run's speed
+    (`spread`) and the seconds taken."""
     rounds = rounds or cfg.seams.calibrate_rounds
-    short = short_config(cfg)
-    per_step = cfg.data.batch * cfg.model.seq
-    order = [(arm, p) for arm, ps in candidates.items() for p in ps]
-    runs, t0 = {arm: {p.name: [] for p in ps} for arm, ps in candidates.items()}, time.perf_counter()
+    short, per_step = short_config(cfg), cfg.data.batch * cfg.model.seq
+    order = [(arm, p) for arm, ps in cands.items() for p in ps]
+    runs, t0 = {arm: {p.name: [] for p in ps} for arm, ps in cands.items()}, time.perf_counter()
     for r in range(rounds):
         for i, (arm, p) in enumerate(order if r % 2 == 0 else order[::-1]):
             if progress is not None:
                 progress({"kind": "calibration", "arm": arm, "placement": p.name, "index": r * len(order) + i,
                           "of": rounds * len(order)})
-            if p.kind == "single":
-                result, interrupted = run_arm_isolated(arm, arm_config(short, p, devices))
-                if interrupted:
-                    raise KeyboardInterrupt
-            else:
-                result = run_placed(arm, short, p, devices, send=lambda e: None)
-            runs[arm][p.name].append(steady_tokens_per_s(result, per_step))
-    return {"tokens_per_s": medians(runs), "spread": spread(runs), "seconds": time.perf_counter() - t0,
-            "source": f"measured in this run ({rounds} round{'s' if rounds > 1 else ''}, the median)",
-            "steps": cfg.seams.calibrate_steps, "rounds": rounds}
+            results, interrupted = run_arms({arm: ArmSpec(arm, short, p, devices)})
+            if interrupted:
+                raise KeyboardInterrupt
+            runs[arm][p.name].append(steady_tokens_per_s(results[arm], per_step) if arm in results else None)
+    spread = {arm: {n: {"values": v, "min": min(v), "max": max(v)} if _median(v) is not None else None
+                    for n, v in vs.items()} for arm, vs in runs.items()}
+    return {"tokens_per_s": {arm: {n: _median(v) for n, v in vs.items()} for arm, vs in runs.items()},
+            "spread": spread, "seconds": time.perf_counter() - t0, "steps": cfg.seams.calibrate_steps,
+            "rounds": rounds, "source": f"measured in this run ({rounds} round{'s' if rounds > 1 else ''}, the median)"}
 
 
-def committed(cfg: RunConfig, devices: int, path: Path = BENCH) -> dict | None:
-    """The committed calibration of this machine and config, or None."""
+def committed(cfg: RunConfig, devices: int, path: Path = COMMITTED, here: float | None = None) -> dict | None:
+    """The committed calibration of this host and config (machine key, speed key, and a
+    fingerprint within FINGERPRINT_TOL of `here`, this host's), or None."""
     try:
-        table = json.loads(path.read_text())
-    except (OSError, ValueError):
+        entries = json.loads(Path(path).read_text()).get("entries", [])
+    except (OSError, ValueError, AttributeError):
         return None
     want, key = machine_key(), speed_key(cfg, devices)
-    for entry in table.get("entries", []):
-        if {"openmp_wait": "default", **entry.get("machine", {})} == want and entry.get("speed_key") == key:
-            return {"tokens_per_s": entry["tokens_per_s"], "seconds": 0.0, "steps": entry.get("steps"),
-                    "source": f"bench/results/placement.json ({entry.get('rounds', 1)} rounds, commit "
-                              f"{entry.get('git_commit', 'unknown')})", "spread": entry.get("spread")}
+    for entry in entries:
+        printed = entry.get("fingerprint")
+        if entry.get("machine") != want or entry.get("speed_key") != key or not printed:
+            continue
+        here = fingerprint() if here is None else here
+        if abs(here / printed - 1) <= FINGERPRINT_TOL:
+            return entry
     return None
 
 
-def calibrate(cfg: RunConfig, devices: int, candidates: dict[str, list[Placement]], progress=None) -> dict:
-    """The candidates' speeds, from where `seams.calibration` says (see the module docstring)."""
+def retime(cfg: RunConfig, devices: int, entry: dict, progress=None) -> tuple[dict, float]:
+    """The committed entry's chosen candidate of each arm, timed here once: ({arm: {name: tokens/s}},
+    the largest relative difference from the committed speeds)."""
+    speeds = entry["tokens_per_s"]
+    chosen = {a: fastest(speeds[a]) for a in cfg.seams.arm_names}
+    now = measure(cfg, devices, {a: [parse_placement(n)] for a, n in chosen.items()}, progress, rounds=1)
+    worst = 0.0
+    for a, n in chosen.items():
+        v = now["tokens_per_s"][a][n]
+        worst = max(worst, math.inf if v is None else abs(v / speeds[a][n] - 1))
+    return now["tokens_per_s"], worst
+
+
+def calibrate(cfg: RunConfig, devices: int, cands: dict[str, list[Placement]], progress=None) -> dict:
+    """The candidates' speeds, from where `seams.calibration` says (module docstring)."""
     how = cfg.seams.calibration
     if how in ("auto", "bench"):
-        found = committed(cfg, devices)
-        names = {arm: {p.name for p in ps} for arm, ps in candidates.items()}
-        if found is not None and all(names[a] <= set(found["tokens_per_s"].get(a, {})) for a in names):
-            return found
-        if how == "bench":
-            raise ConfigError(f"seams.calibration=bench: {BENCH.name} has no entry for this machine and config "
-                              f"(run bench/placement.py, or set seams.calibration=run)")
-    return measure(cfg, devices, candidates, progress)
+        entry = committed(cfg, devices)
+        names = {arm: {p.name for p in ps} for arm, ps in cands.items()}
+        if entry is not None and all(names[a] <= set(entry["tokens_per_s"].get(a, {})) for a in names):
+            now, worst = retime(cfg, devices, entry, progress)
+            what = f"{COMMITTED.name} (commit {entry.get('git_commit', 'unknown')}, host {entry.get('host', '?')})"
+            if worst <= RETIME_TOL:
+                return {"tokens_per_s": entry["tokens_per_s"], "spread": entry.get("spread"), "seconds": 0.0,
+                        "measured_here": now, "steps": entry.get("steps"),
+                        "source": f"{what}; its choices re-timed here within {worst:.0%}"}
+            if how == "bench":
+                raise ConfigError(f"seams.calibration=bench: {what} does not hold on this host (its choices re-timed "
+                                  f"{worst:.0%} off); set seams.calibration=run")
+            print(f"seamkit: the committed calibration is {worst:.0%} off on this host: calibrating",
+                  file=sys.stderr, flush=True)
+        elif how == "bench":
+            raise ConfigError(f"seams.calibration=bench: {COMMITTED.name} has no entry for this host and config "
+                              f"(run bench/placement.py here, or set seams.calibration=run)")
+    out = measure(cfg, devices, cands, progress)
+    return {**out, "measured_here": out["tokens_per_s"]}
 
 
 def fastest(speeds: dict[str, float | None]) -> str:
     """The fastest candidate's name (one that did not run counts as the slowest)."""
     return max(speeds, key=lambda n: speeds[n] if speeds[n] is not None and math.isfinite(speeds[n]) else -1.0)
+
+
+def choose_placements(cfg: RunConfig, devices: int, named: dict, progress: bool = False) -> dict:
+    """The report's placement block (`report.placement_block`): each arm's placement within
+    `devices`, the one `seams.placement` names, else the fastest candidate. One device: every arm
+    in one process, nothing to calibrate."""
+    arms = cfg.seams.arm_names
+    if devices == 1:
+        return placement_block(1, {a: "single" for a in arms}, {a: {"single": None} for a in arms},
+                               "one device: every arm in one process")
+    cands = candidates(cfg, devices)
+    speeds = {"tokens_per_s": {a: {p.name: None for p in ps} for a, ps in cands.items()}, "seconds": 0.0,
+              "source": "named by seams.placement"}
+    if len(named) < len(arms):
+        speeds = calibrate(cfg, devices, cands, _say_calibrating if progress else None)
+    tps = {a: speeds["tokens_per_s"][a] for a in arms}  # a committed entry may hold more arms than this study runs
+    chosen = {a: named[a].name if a in named else fastest(tps[a]) for a in arms}
+    return placement_block(devices, chosen, tps, speeds["source"], speeds["seconds"], speeds.get("spread"),
+                           speeds.get("measured_here") or {})
+
+
+def _say_calibrating(e: dict) -> None:
+    print(f"seamkit: calibrating placements {e['index'] + 1}/{e['of']}: {e['arm']} on {e['placement']}",
+          file=sys.stderr, flush=True)

@@ -1,7 +1,7 @@
 """The local objectives: what each segment learns from when its input is detached at the seam.
 
 Local training detaches h_BTC at every seam, so each segment learns from its own loss
-(`segment_losses`): an AuxHead of its own (`aux_head`), the final norm and LM head read with
+(`local_loss`, which the segment chain calls): an AuxHead of its own (`aux_head`), the final norm and LM head read with
 detached weights (`detached_head`), the shared final norm and LM head (`shared_head`), a private
 transformer block before its own AuxHead (`aux_block`, after AugLocal: Ma et al., "Scaling
 Supervised Local Learning with Augmented Auxiliary Networks", ICLR 2024), or a private copy of
@@ -13,7 +13,6 @@ bytes block.
 
 from __future__ import annotations
 
-import contextlib
 import math
 
 import numpy as np
@@ -23,6 +22,8 @@ import torch.nn.functional as F
 
 from seamkit.config import ConfigError, ModelConfig
 from seamkit.model import GPT, Block, lm_loss
+
+PRIVATE = ("aux_head", "aux_block", "own_head")  # objectives whose non-final segments own a module (any rank can hold it)
 
 
 class AuxHead(nn.Module):
@@ -118,50 +119,40 @@ def make_own_heads(model: GPT, n_heads: int) -> nn.ModuleList:
     return heads
 
 
-def segment_losses(model, x_BT: torch.Tensor, y_BT: torch.Tensor, segs: list[list[int]], objective: str,
-                   heads: nn.ModuleList | None = None, classes: torch.Tensor | None = None,
-                   detach: bool = True, autocast=contextlib.nullcontext):
-    """Yield each segment's loss in order, each on its own graph: the input of segment k > 0 is
-    the detached output h_BTC of segment k-1, so no gradient crosses a seam.
+def private_modules(objective: str | None, cfg, model: GPT, corpus, n: int) -> tuple[dict, torch.Tensor | None]:
+    """The private module of each of the n non-final segments the objective gives one ({k: module};
+    aux_head, aux_block, own_head), from the seeds one process uses, and the class map the aux
+    objectives read (None otherwise). `model` is the whole GPT as built from the seed: own_head
+    copies its final norm and LM head."""
+    if objective not in PRIVATE or n < 1:
+        return {}, None
+    k, seed = cfg.seams.aux_classes, cfg.train.seed
+    heads = (make_aux_heads(cfg.model, n, k, seed) if objective == "aux_head" else
+             make_aux_blocks(cfg.model, n, k, seed) if objective == "aux_block" else make_own_heads(model, n))
+    classes = None if objective == "own_head" else class_map(corpus.token_counts("train", cfg.model.vocab), k)
+    return dict(enumerate(heads)), classes
 
-    A generator, so a trainer can call backward on segment k's loss before segment k+1 runs
-    and free k's activations (where local training saves memory). The last segment's loss is
-    the model's own LM loss; a non-final one depends on `objective`:
+
+def local_loss(objective: str, h_BTC: torch.Tensor, y_BT: torch.Tensor, head, classes, ctx, model) -> torch.Tensor:
+    """A non-final segment's loss on its output h_BTC (whose input was detached at the seam):
       aux_head       its own AuxHead over `classes` (the map from `class_map`);
       aux_block      its own AuxBlock (a transformer block, then an AuxHead) over `classes`;
       own_head       its own copy of the final norm and LM head, on the next tokens;
       detached_head  the current final norm and LM head with their weights detached;
-      shared_head    the final norm and LM head themselves (they learn from every segment).
-    `detach=False` exists only to show that the gradient tests can fail.
-    """
-    last = len(segs) - 1
-    h_BTC = None
-    for k, blocks in enumerate(segs):
-        with autocast():
-            if k == 0:
-                h_BTC = model.embed(x_BT)
-                ctx = model.context(x_BT.shape[1], x_BT.device, h_BTC.dtype)
-            elif detach:
-                h_BTC = h_BTC.detach()
-            for i in blocks:
-                h_BTC = model.blocks[i](h_BTC, ctx)
-            if k == last:
-                loss = lm_loss(model.head(model.norm(h_BTC)), y_BT)
-            elif objective == "aux_head":
-                loss = lm_loss(heads[k](h_BTC), classes[y_BT])
-            elif objective == "aux_block":
-                loss = lm_loss(heads[k](h_BTC, ctx), classes[y_BT])
-            elif objective == "own_head":
-                loss = lm_loss(heads[k](h_BTC), y_BT)
-            elif objective == "detached_head":
-                n = model.norm
-                z = F.rms_norm(h_BTC, n.normalized_shape, n.weight.detach(), n.eps)
-                loss = lm_loss(F.linear(z, model.head.weight.detach()), y_BT)
-            elif objective == "shared_head":
-                loss = lm_loss(model.head(model.norm(h_BTC)), y_BT)
-            else:
-                raise ConfigError(f"unknown local objective {objective!r}")
-        yield loss
+      shared_head    the final norm and LM head themselves (they learn from every segment)."""
+    if objective == "aux_head":
+        return lm_loss(head(h_BTC), classes[y_BT])
+    if objective == "aux_block":
+        return lm_loss(head(h_BTC, ctx), classes[y_BT])
+    if objective == "own_head":
+        return lm_loss(head(h_BTC), y_BT)
+    if objective == "detached_head":
+        n = model.norm
+        z = F.rms_norm(h_BTC, n.normalized_shape, n.weight.detach(), n.eps)
+        return lm_loss(F.linear(z, model.head.weight.detach()), y_BT)
+    if objective == "shared_head":
+        return lm_loss(model.head(model.norm(h_BTC)), y_BT)
+    raise ConfigError(f"unknown local objective {objective!r}")
 
 
 def objective_bytes(cfg: ModelConfig, n_seams: int, objective: str, weight_bytes: int = 4) -> dict:

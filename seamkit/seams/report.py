@@ -7,11 +7,11 @@ from __future__ import annotations
 import dataclasses
 import statistics
 
-from seamkit import costs as COSTS
-from seamkit.config import RunConfig, study_arms
+from seamkit import flops as FLOPS
+from seamkit.config import RunConfig
 from seamkit.model import resolve_device
 from seamkit.report import gpu_name, provenance
-from seamkit.seams.cuts import parse_seams, segments, traffic_bytes, traffic_ratios
+from seamkit.seams.cuts import traffic_bytes, traffic_ratios
 from seamkit.seams.objectives import objective_bytes, objective_ratios
 from seamkit.seams.result import ArmResult
 from seamkit.stats import stats
@@ -79,7 +79,7 @@ def report_arm(arm: str, r: ArmResult | None, costs: dict | None = None, peak: f
     if costs:
         out["costs"] = dict(costs)
         if peak:
-            out["costs"]["mfu"] = COSTS.mfu(costs["flops_per_token"], r.tokens_per_s, peak)
+            out["costs"]["mfu"] = FLOPS.mfu(costs["flops_per_token"], r.tokens_per_s, peak)
     return out
 
 
@@ -96,12 +96,12 @@ def _ratio(a, b):
 def build_report(cfg: RunConfig, results: dict, interrupted: bool = False, isolated: bool = True,
                  costs: dict | None = None, peak: dict | None = None) -> dict:
     """One seed's seams report (or, from `study_report`, the means): the reference's keys first, then ours."""
-    seams = parse_seams(cfg.seams.seams, cfg.model.n_blocks)
+    seams = cfg.seam_blocks
     b = traffic_bytes(cfg.model, cfg.data.batch, len(seams))
     extra = objective_bytes(cfg.model, len(seams), cfg.seams.objective)
     device = resolve_device(cfg.train.device)
     flops = peak["flops_per_s"] if peak else None
-    names = study_arms(cfg.seams.arms)
+    names = cfg.seams.arm_names
     arms = {arm: report_arm(arm, results.get(arm), (costs or {}).get(arm), flops) for arm in names}
     statuses = [a["status"] for a in arms.values()]
     # a failed arm outranks one never run (a launch of one arm, or a study stopped by the failure)
@@ -135,7 +135,7 @@ def build_report(cfg: RunConfig, results: dict, interrupted: bool = False, isola
         "seed": cfg.train.seed,
         "max_steps": cfg.train.max_steps,
         "seams": seams,
-        "segments": segments(seams, m.n_blocks),
+        "segments": cfg.seam_segments,
         "objective": cfg.seams.objective,
         "objective_method": OBJECTIVE_NAMES[cfg.seams.objective],
         "objective_bytes": {**extra, **objective_ratios(b, extra)},
@@ -189,7 +189,7 @@ def mean_result(rs: list[ArmResult | None]) -> ArmResult | None:
 def study_report(cfg: RunConfig, runs: list[dict], interrupted: bool, isolated: bool, costs: dict,
                  peak: dict | None) -> dict:
     """The whole study: means at the reference keys, every seed in `repeats`, the `aggregate`."""
-    names = study_arms(cfg.seams.arms)
+    names = cfg.seams.arm_names
     means = {arm: mean_result([r["results"].get(arm) for r in runs]) for arm in names}
     report = build_report(cfg, {a: r for a, r in means.items() if r is not None}, interrupted, isolated, costs, peak)
     repeats = []
@@ -256,11 +256,13 @@ def _pm(s: dict | None, fmt: str) -> str:
 
 
 def placement_block(devices: int, chosen: dict[str, str], speeds: dict[str, dict], source: str, seconds: float = 0.0,
-                 spread: dict | None = None) -> dict:
+                    spread: dict | None = None, measured_here: dict | None = None) -> dict:
     """The report's `placement` keys on every placement: the budget, where each arm ran, every
     candidate's speed (None: not measured), where the speeds come from and the calibration's
-    seconds, and each other arm's speed where it ran over the fastest e2e candidate's
-    (`local_over_best_e2e`; both from the same calibration)."""
+    seconds, the speeds measured on this host in this run (`measured_here`: every candidate's
+    when calibrated now, a committed calibration's re-timed choices, none when named), and each
+    other arm's speed where it ran over the fastest e2e candidate's (`local_over_best_e2e`; both
+    from the same calibration)."""
     e2e = {n: v for n, v in speeds.get("e2e", {}).items() if v is not None}
     best = max(e2e, key=e2e.get) if e2e else None
 
@@ -268,7 +270,8 @@ def placement_block(devices: int, chosen: dict[str, str], speeds: dict[str, dict
         v = speeds.get(arm, {}).get(chosen.get(arm))
         return v / e2e[best] if best and v else None
     return {"devices": devices, "chosen": dict(chosen), "candidates": speeds, "source": source,
-            "calibration_s": seconds, "calibration_spread": spread, "fastest_e2e": best,
+            "calibration_s": seconds, "calibration_spread": spread, "measured_here": measured_here or {},
+            "fastest_e2e": best,
             **{f"{a}_over_best_e2e": over_best(a) for a in chosen if a != "e2e"}}
 
 

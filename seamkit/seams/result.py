@@ -85,3 +85,38 @@ def curve(points: list[dict]) -> dict:
             "loss_curve_elapsed_s": [p["elapsed_s"] for p in points],
             "loss_curve_tokens": [p["tokens"] for p in points], "loss_curve_lr": [p["lr"] for p in points],
             "loss_curve_segments": [p["segment_losses"] for p in points]}
+
+
+# ----------------------------------------------------------------------------- from the ranks
+
+def from_ranks(cfg, lay, ranks: list[dict]) -> ArmResult:
+    """One arm's result from what each of its ranks returned (`ranks.RankLoop.result`). Memory is
+    the largest rank's (what one device must hold), its growth the largest over a rank's own start;
+    the rank holding the LM head gives the curve and the held-out loss."""
+    from seamkit.seams.placement import arm_segments
+    from seamkit.seams.policy import policy
+    per_step = cfg.data.batch * cfg.model.seq
+    lossr = ranks[lay.loss_rank]
+    statuses = [r["status"] for r in ranks]
+    status = "interrupted" if "interrupted" in statuses else "failed" if "failed" in statuses else "complete"
+    elapsed = max(r["elapsed_s"] for r in ranks)  # all ranks start together (one barrier)
+    steps = lossr["steps"]
+    culprit = next((r for r in ranks if r["failed_here"]), None)
+
+    def largest(key):
+        vals = [r[key] for r in ranks if r[key] is not None]
+        return max(vals) if vals else None
+    pol = policy(lay.arm, cfg.seams)
+    return ArmResult(
+        arm=lay.arm, status=status, steps=steps, tokens=steps * per_step, elapsed_s=elapsed,
+        tokens_per_s=steps * per_step / elapsed if elapsed > 0 else 0.0,
+        final_loss=lossr["final_loss"], final_loss_stderr=lossr["final_loss_stderr"], eval_tokens=lossr["eval_tokens"],
+        **{k: largest(k) for k in ("peak_vram_bytes", "vram_growth_bytes", "peak_rss_bytes", "rss_start_bytes",
+                                   "rss_growth_bytes")},
+        lr_final=lossr["lr_final"], max_step_s=max(r["max_step_s"] for r in ranks),
+        failed_step=culprit["failed_step"] if culprit else (lossr["failed_step"] if status == "failed" else None),
+        failed_rank=culprit["rank"] if culprit and lay.ranks > 1 else None,
+        objective=pol.objective, segments=arm_segments(cfg, lay.arm), **curve(lossr["points"]),
+        # rank 0 alone sees the clock end the run; any rank's clock may set its LR
+        wall_clock_dependent=any(r["wall_clock_dependent"] for r in ranks),
+        placement=lay.placement.name, slices=ranks[0].get("slices") or [])

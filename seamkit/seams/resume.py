@@ -1,13 +1,13 @@
 """Resuming an interrupted run or study (`seamkit train --resume OUT`, `seamkit seams --resume OUT`).
 
 What an arm's checkpoint holds for it (`arm.run_arm` writes it, periodically every
-`train.checkpoint_every_s` training seconds and when the arm ends): the GPT's weights and AdamW
-state, the aux heads and their AdamW state (`extra`), the RNG states, the RowLoader's position
-(`data`) and the budget loop's state (`extra.resume`: steps, training seconds, so the schedule
-and the remaining budget go on from there, the loss-curve points and marks, the last step);
-the seams study adds its slices and the snapshots kept for the equal-token view. An arm
-continued from it takes the same steps on the same batches as one never stopped: with
-`max_steps` it ends on the same checkpoint id.
+`train.checkpoint_every_s` training seconds and when the arm ends): the GPT's weights and, on one
+process, its AdamW state, and for every rank of its placement (`extra["ranks"]`) its optimizers,
+private modules, RNG states, the RowLoader's position, the budget loop's state (steps, training
+seconds, so the schedule and the remaining budget go on from there, the loss-curve points and
+marks), what it has in flight, its slices and the snapshots kept for the equal-token view. An arm
+continued from it takes the same steps on the same batches as one never stopped: with `max_steps`
+it ends on the same checkpoint id.
 
 The study also keeps `<checkpoints>/<stem>_study.json` (written atomically when it starts, after
 each repeat and when it stops): every repeat's results so far. So a study killed before any arm
@@ -112,19 +112,6 @@ def load_arm(path, cfg: RunConfig, arm: str) -> dict:
     ckpt = checkpoint.load(path)
     ckpt["path"] = str(path)
     return ckpt
-
-
-def restore_arm(ckpt: dict, a, loader) -> None:
-    """Weights, the GPT's and the aux heads' optimizers, data position and RNG into a built arm."""
-    checkpoint.restore(ckpt, a.model, a.opt, path=ckpt.get("path", "checkpoint"))
-    extra = ckpt["extra"]
-    if a.heads is not None:
-        if extra.get("aux_heads") is None or extra.get("aux_optimizer") is None:
-            raise ResumeError("cannot resume: the checkpoint holds no aux heads for this arm")
-        a.heads.load_state_dict(extra["aux_heads"])
-        a.head_opt.load_state_dict(extra["aux_optimizer"])
-    loader.load_state_dict(ckpt["data"])
-    checkpoint.set_rng_state(ckpt["rng"])
 
 
 # ----------------------------------------------------------------------------- the study's state

@@ -6,11 +6,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable
 
-from seamkit.config import RunConfig, override
+from seamkit.config import Placement, RunConfig, override
 from seamkit.loop import ProgressBars, fanout
 from seamkit.report import provenance, write_json
 from seamkit.seams import resume as R
-from seamkit.seams.arm import run_arm
+from seamkit.seams.arm import ArmSpec, run_arm
 from seamkit.threads import resolve_threads
 
 
@@ -36,8 +36,10 @@ def train_run(cfg: RunConfig, out_dir, callback: Callable[[dict], None] | None =
         cfg = override(cfg, {"train.threads": started or resolve_threads(0)})
     R.clean_run(out_dir)
     cb = fanout(callback, ProgressBars() if progress else None)
+    spec = ArmSpec("e2e", cfg, Placement("single"), 1, str(out_dir / "checkpoint.pt"), resume=resume,
+                   own_process=False)
     with R.sigint_stops() as stop:
-        r = run_arm("e2e", cfg, callback=cb, checkpoint_path=out_dir / "checkpoint.pt", stop=stop, resume_from=ckpt)
+        r = run_arm(spec, emit=cb, stop=stop)
     summary = {
         "status": r.status, "steps": r.steps, "tokens": r.tokens, "elapsed_s": r.elapsed_s,
         "tokens_per_s": r.tokens_per_s, "val_loss": r.final_loss, "val_ppl": r.final_ppl,

@@ -31,28 +31,24 @@ written with status "interrupted" (it is written atomically, whole or not at all
 from __future__ import annotations
 
 import shutil
-import sys
 from pathlib import Path
 from typing import Callable
 
 import torch
 
-from seamkit import config as C
-from seamkit.config import ConfigError, RunConfig, override
-from seamkit.costs import matmul_peak
+from seamkit.config import ConfigError, RunConfig, override, parse_placement
 from seamkit.data.load import load_corpus
+from seamkit.flops import matmul_peak
 from seamkit.loop import ProgressBars, evaluate_model, fanout, held_out
 from seamkit.model import GPT, autocast, param_dtype, resolve_device
 from seamkit.report import write_report
 from seamkit.seams import placement as P
-from seamkit.seams import processes as A
 from seamkit.seams import resume as R
-from seamkit.seams.arm import checkpoint_path, run_arm
-from seamkit.seams.calibration import calibrate, fastest
-from seamkit.seams.costs import arm_costs
-from seamkit.seams.cuts import parse_seams
-from seamkit.seams.report import placement_block, study_report
-from seamkit.seams.snapshots import Snapshots
+from seamkit.seams.arm import ArmSpec, checkpoint_path, run_arm
+from seamkit.seams.calibration import choose_placements
+from seamkit.seams.per_token import arm_costs
+from seamkit.seams.processes import run_arms
+from seamkit.seams.report import study_report
 from seamkit.stats import held_out_time_to_target
 from seamkit.threads import resolve_threads
 
@@ -71,7 +67,7 @@ def equal_token_marks(snapshots: dict, steps: dict, marks: int) -> list[int]:
 def held_out_views(cfg: RunConfig, corpus, results: dict) -> dict:
     """The equal-token table and time to target of one seed, from the arms' snapshots; every arm
     but e2e is compared with e2e (`gap_<arm>_minus_e2e`, `<arm>_over_e2e`)."""
-    arms = C.study_arms(cfg.seams.arms)
+    arms = cfg.seams.arm_names
     if not all(a in results and results[a].status == "complete" and results[a].final_loss is not None
                for a in arms):  # a held-out loss that was not finite: nothing to compare against
         return {"equal_tokens": [], "time_to_target": None}
@@ -104,44 +100,49 @@ def held_out_views(cfg: RunConfig, corpus, results: dict) -> dict:
             "time_to_target": ttt}
 
 
+def check(cfg: RunConfig) -> tuple[int, dict]:
+    """What a study checks before anything runs (the CLI, the notebook and every sweep point alike):
+    the hardware budget as a count of devices and the placements `seams.placement` names, each able
+    to run within it; one line on anything that cannot."""
+    devices = P.resolve_devices(cfg)
+    return devices, P.chosen(cfg, devices)
+
+
 def seams_study(cfg: RunConfig, out_path, callback: Callable[[dict], None] | None = None, progress: bool = True,
                 isolate: bool = True, resume: bool = False) -> dict:
     """Run the study (see the module docstring), write the report atomically, return it.
 
-    `isolate`: each arm in its own spawned process, taking turns (`seams.order`); False runs both
-    here, one after the other (tests, debugging). A script that calls this needs the usual
-    multiprocessing `if __name__ == "__main__":` guard (notebooks and the CLI do not).
-    `resume`: continue the study an earlier call with `out_path` stopped (`seams.resume`):
-    finished repeats and ended arms are kept, the other arms go on from their checkpoints.
+    `isolate`: each arm on processes of its own, taking turns (`seams.order`); False runs every
+    arm here, one after the other, each on one process (tests, debugging). A script that calls
+    this needs the usual multiprocessing `if __name__ == "__main__":` guard (notebooks and the CLI
+    do not). `resume`: continue the study an earlier call with `out_path` stopped
+    (`seams.resume`): finished repeats and ended arms are kept, the other arms go on from their
+    checkpoints.
 
     Ctrl-C (SIGINT) is this study's own for its whole run, whatever this process inherited (a
     command started with `&` from a script starts with SIGINT ignored): the first stops the
     arms between steps and writes an interrupted report, a second interrupts at once.
     """
-    if cfg.seams.stages > 0:
-        raise ConfigError("seams.stages > 0 asks for real pipeline stages (seamkit.seams.pipeline); seams_study runs "
-                          "both arms on one device: set seams.stages=0")
     out_path = Path(out_path)
-    parse_seams(cfg.seams.seams, cfg.model.n_blocks)  # a bad seam spec fails before any training
     kept = R.load_study(out_path, cfg) if resume else []
-    arms = C.study_arms(cfg.seams.arms)
+    arms = cfg.seams.arm_names
     ckpts = [{arm: checkpoint_path(out_path, arm, k) for arm in arms} for k in range(cfg.seams.repeats)]
     if resume:  # every checkpoint fits this config, before any training
         for k, paths in enumerate(ckpts):
             for arm, path in paths.items():
                 if path.exists():
                     R.peek(path, override(cfg, {"train.seed": cfg.train.seed + k}), arm)
-    devices = P.resolve_devices(cfg)
-    named = P.check(cfg, devices)  # a placement that cannot run says why before anything starts
+    devices, named = check(cfg)  # a placement that cannot run says why before anything starts
     corpus = load_corpus(cfg.data)  # fills the cache once, and data errors surface here
-    if cfg.train.threads == 0 and devices == 1:  # chosen once, so both arms (and every repeat) get the same count
+    if cfg.train.threads == 0 and devices == 1:  # chosen once, so every arm (and every repeat) gets the same count
         started = R.started_threads([R.study_state_path(out_path)] + sorted(
             R.study_state_path(out_path).parent.glob(f"{out_path.stem}_*.pt"))) if resume else 0
         cfg = override(cfg, {"train.threads": started or resolve_threads(0)})
     torch.set_num_threads(cfg.train.threads or devices)
     saved = R.saved_placement(out_path) if resume else None
     # a resumed study keeps where its arms ran: its seeds stay paired on the same placements
-    placed = saved if saved and saved.get("devices") == devices else choose_placements(cfg, devices, named, progress)
+    placed = saved if saved and saved.get("devices") == devices else \
+        choose_placements(cfg, devices, named, progress)
     if not isolate and any(p != "single" for p in placed["chosen"].values()):
         raise ConfigError("a study whose arms run on several processes needs isolate=True")
     costs = arm_costs(cfg, corpus)
@@ -163,29 +164,6 @@ def seams_study(cfg: RunConfig, out_path, callback: Callable[[dict], None] | Non
     return report
 
 
-def choose_placements(cfg: RunConfig, devices: int, named: dict, progress: bool = False) -> dict:
-    """The report's placement block (`report.placement_block`): each arm's placement within
-    `devices`, the one `seams.placement` names, else the fastest candidate (`calibration`). One
-    device: every arm in one process, nothing to calibrate."""
-    arms = C.study_arms(cfg.seams.arms)
-    if devices == 1:
-        return placement_block(1, {a: "single" for a in arms}, {a: {"single": None} for a in arms},
-                               "one device: every arm in one process")
-    cands = P.candidates(cfg, devices)
-    speeds = {"tokens_per_s": {a: {p.name: None for p in ps} for a, ps in cands.items()}, "seconds": 0.0,
-              "source": "named by seams.placement"}
-    if len(named) < len(arms):
-        speeds = calibrate(cfg, devices, cands, _say_calibrating if progress else None)
-    tps = {a: speeds["tokens_per_s"][a] for a in arms}  # a committed entry may hold more arms than this study runs
-    chosen = {a: named[a].name if a in named else fastest(tps[a]) for a in arms}
-    return placement_block(devices, chosen, tps, speeds["source"], speeds["seconds"], speeds.get("spread"))
-
-
-def _say_calibrating(e: dict) -> None:
-    print(f"seamkit: calibrating placements {e['index'] + 1}/{e['of']}: {e['arm']} on {e['placement']}",
-          file=sys.stderr, flush=True)
-
-
 def _repeats(cfg: RunConfig, corpus, out_path: Path, ckpts: list[dict], kept: list[dict], callback, progress: bool,
              isolate: bool, resume: bool, stop: Callable[[], bool], placed: dict,
              devices: int) -> tuple[list[dict], bool]:
@@ -196,9 +174,8 @@ def _repeats(cfg: RunConfig, corpus, out_path: Path, ckpts: list[dict], kept: li
         seed = cfg.train.seed + k
         c = override(cfg, {"train.seed": seed})
 
-        def cb(event, seed=seed):
-            event = {**event, "seed": seed, "repeat": k}
-            fanout(callback, bars)(event)
+        def cb(event, seed=seed, k=k):
+            fanout(callback, bars)({**event, "seed": seed, "repeat": k})
         prior = kept[k] if k < len(kept) else {}
         if prior.get("finished"):
             runs.append(prior)
@@ -211,25 +188,12 @@ def _repeats(cfg: RunConfig, corpus, out_path: Path, ckpts: list[dict], kept: li
         if not resume:
             shutil.rmtree(snap_dir, ignore_errors=True)
         results = {a: r for a, r in prior.get("results", {}).items() if r.status in R.ENDED}
-        todo = tuple(a for a in C.study_arms(cfg.seams.arms) if a not in results)
+        specs = {a: ArmSpec(a, c, parse_placement(placed["chosen"][a]), devices, str(ckpts[k][a]),
+                            str(snap_dir / a), resume, own_process=isolate)
+                 for a in cfg.seams.arm_names if a not in results}
         try:
-            if isolate:
-                new, interrupted = A.run_arms(c, ckpts[k], cb, c.seams.order, snap_dir, arms=todo, resume=resume,
-                                              stop=stop, placements=placed["chosen"], devices=devices)
-                results.update(new)
-            else:
-                for arm in todo:
-                    snaps = Snapshots(Path(snap_dir) / arm, 8 * c.seams.token_marks)
-                    path = ckpts[k][arm]
-                    ckpt = R.load_arm(path, c, arm) if resume and path.exists() else None
-                    if ckpt is not None:
-                        snaps.restore(ckpt["extra"].get("snapshots"))
-                    results[arm] = run_arm(arm, c, corpus, callback=cb, checkpoint_path=path, stop=stop,
-                                           after_step=snaps, resume_from=ckpt,
-                                           save_extra=lambda s=snaps: {"snapshots": s.state()})
-                    results[arm].snapshots = snaps.kept
-                    if results[arm].status == "interrupted":
-                        break
+            new, interrupted = run_arms(specs, cb, stop) if isolate else _in_process(specs, cb, stop, corpus)
+            results.update(new)
         except KeyboardInterrupt:
             interrupted = True
         interrupted = interrupted or any(r.status == "interrupted" for r in results.values())
@@ -248,3 +212,13 @@ def _repeats(cfg: RunConfig, corpus, out_path: Path, ckpts: list[dict], kept: li
         if interrupted:
             break
     return runs, interrupted
+
+
+def _in_process(specs: dict, callback, stop, corpus) -> tuple[dict, bool]:
+    """Every arm here, one after the other (`isolate=False`)."""
+    results = {}
+    for arm, spec in specs.items():
+        results[arm] = run_arm(spec, emit=callback, stop=stop, corpus=corpus)
+        if results[arm].status == "interrupted":
+            return results, True
+    return results, False

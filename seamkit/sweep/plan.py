@@ -28,9 +28,7 @@ from seamkit import HEADLESS_ENV
 from seamkit import config as C
 from seamkit.config import SeamkitError
 from seamkit.reproduce import NOTEBOOKS
-from seamkit.seams.cuts import parse_seams
 
-ROOT = NOTEBOOKS.parent
 STUDIES = {"seams": ("01_seams.ipynb", "seams.json"), "pruning": ("02_pruning.ipynb", "pruning.json")}
 SECTIONS = {"seams": ("train", "seams", "model", "data", "prune"), "pruning": ("prune", "train", "data", "model", "seams")}
 RESERVED = ("preset", "out_dir", "interactive", "overrides")
@@ -264,12 +262,11 @@ def _check_grid_keys(grid: dict, study: str, params: list[str], overrides: dict)
 
 
 def study_checks(study: str, cfg: C.RunConfig) -> None:
-    """What the study's notebook checks before it trains, beyond the config's own validation."""
+    """What the study's notebook checks before it trains, beyond the config's own validation: for
+    the seams study, the hardware budget and the placements it names (`seams.study.check`)."""
     if study == "seams":
-        if cfg.seams.stages > 0:
-            raise C.ConfigError(f"seams.stages={cfg.seams.stages}: the notebook runs both arms on one device "
-                                f"(real stages: `seamkit seams --stages`)")
-        parse_seams(cfg.seams.seams, cfg.model.n_blocks)
+        from seamkit.seams.study import check
+        check(cfg)
 
 
 def _point(study, gv, seed, preset, overrides, params, out_dir, prefix="") -> dict:
@@ -299,7 +296,7 @@ def _point(study, gv, seed, preset, overrides, params, out_dir, prefix="") -> di
     parameters = {"preset": preset, **nb_params, "overrides": ov, "interactive": False,
                   "out_dir": str(out_dir / "points" / pid)}
     return {"id": pid, "study": study, "dir": f"points/{pid}", "grid": gv, "seed": seed,
-            "parameters": parameters, "expect": expect, "needs": None}
+            "parameters": parameters, "expect": expect, "needs": None, "cwd": str(Path.cwd())}
 
 
 def labels(point: dict, preset: str) -> dict[str, tuple[str, object]]:
@@ -333,10 +330,16 @@ def report_path(out_dir, point: dict) -> Path:
 POINT_ENV = {"PYTHONUNBUFFERED": "1", HEADLESS_ENV: "1"}
 
 
+def point_cwd(point: dict) -> str:
+    """Where a point's kernel runs: the folder the sweep was planned in (relative paths, the corpus
+    cache), so every point reads what the sweep's command line would."""
+    return point.get("cwd") or str(Path.cwd())
+
+
 def papermill_argv(point: dict, output_nb) -> list[str]:
     """The papermill invocation of one point (parameters as one JSON document, which is YAML)."""
     return [sys.executable, "-m", "papermill", str(NOTEBOOKS / STUDIES[point["study"]][0]), str(output_nb),
-            "-y", json.dumps(point["parameters"], sort_keys=True), "--cwd", str(ROOT), "--log-output",
+            "-y", json.dumps(point["parameters"], sort_keys=True), "--cwd", point_cwd(point), "--log-output",
             "--no-progress-bar"]
 
 
@@ -344,7 +347,7 @@ def point_command(out_dir, point: dict) -> str:
     """One self-contained shell line: make the folder, run papermill, keep its log beside the report."""
     folder = Path(out_dir) / point["dir"]
     argv = papermill_argv(point, notebook_path(out_dir, point))
-    return (f"mkdir -p {shlex.quote(str(folder))} && cd {shlex.quote(str(ROOT))} && "
+    return (f"mkdir -p {shlex.quote(str(folder))} && cd {shlex.quote(point_cwd(point))} && "
             f"{' '.join(f'{k}={v}' for k, v in POINT_ENV.items())} {shlex.join(argv)} "
             f"> {shlex.quote(str(folder / 'point.log'))} 2>&1")
 

@@ -35,7 +35,6 @@ from seamkit.reproduce import NOTEBOOKS, failure_line, write_figures
 from seamkit.sweep.plan import (
     IGNORED,
     POINT_ENV,
-    ROOT,
     STUDIES,
     SweepError,
     check_output,
@@ -45,6 +44,7 @@ from seamkit.sweep.plan import (
     notebook_path,
     papermill_argv,
     point_command,
+    point_cwd,
     report_path,
 )
 from seamkit.sweep.plots import sweep_figures
@@ -188,7 +188,7 @@ class _Running:
         self.t0 = time.monotonic()
         # POINT_ENV: unbuffered and headless (plan.py); MARKER: every process of the point (papermill,
         # kernel, arms) carries it, so none escapes a stop
-        self.proc = subprocess.Popen(papermill_argv(point, self.partial), cwd=ROOT, stdout=self.log,
+        self.proc = subprocess.Popen(papermill_argv(point, self.partial), cwd=point_cwd(point), stdout=self.log,
                                      stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
                                      env={**os.environ, **POINT_ENV, MARKER: str(folder)})
 

@@ -18,7 +18,7 @@ import io
 import math
 import statistics
 
-from seamkit.config import STUDY_ARMS
+from seamkit.seams.policy import ARMS as ALL_ARMS
 from seamkit.report import provenance
 from seamkit.stats import stats, train_curve_time_to_target
 
@@ -37,13 +37,13 @@ def _median(values) -> float | None:
 def seams_figures(report: dict) -> dict:
     out = {}
     arms = report.get("arms", {})
-    for arm in [a for a in STUDY_ARMS if a in arms] or ARMS:
+    for arm in [a for a in ALL_ARMS if a in arms] or ARMS:
         a = arms.get(arm, {})
         out[f"{arm}_final_loss"] = _num(a.get("final_loss"))
         out[f"{arm}_tokens_per_s"] = _num(a.get("tokens_per_s"))
         mem = a.get("peak_vram_bytes") if a.get("peak_vram_bytes") is not None else a.get("peak_rss_bytes")
         out[f"{arm}_peak_memory_bytes"] = _num(mem)
-    for arm in [a for a in STUDY_ARMS[1:] if a in arms] or ARMS[1:]:
+    for arm in [a for a in ALL_ARMS[1:] if a in arms] or ARMS[1:]:
         if out[f"{arm}_final_loss"] is not None and out["e2e_final_loss"] is not None:  # local's is `loss_gap`
             out["loss_gap" if arm == "local" else f"{arm}_loss_gap"] = out[f"{arm}_final_loss"] - out["e2e_final_loss"]
         for k, v in (report.get(f"{arm}_over_e2e") or {}).items():

@@ -27,7 +27,7 @@ from IPython.display import display
 from seamkit import config as C
 from seamkit.ui.plots import SEAMS_ARM_COLORS
 
-ARMS = C.STUDY_ARMS  # a bar and a curve for every arm a study may run
+ARMS = C.ARMS  # a bar and a curve for every arm a study may run
 
 
 # ----------------------------------------------------------------------------- configs and paths

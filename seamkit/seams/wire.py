@@ -9,9 +9,9 @@ counts its own isend/recv; the e2e arm counts the P2P ops its pipelining stages 
 schedule (`e2e.CountedStage`), i.e. the tensors the schedule actually sends and receives.
 
 Waits. Time blocked on the wire is timed where it happens, never derived from the rest: the
-local arm times its receives and the waits for its sends to be taken; the e2e arm times every
-`work.wait()` a pipelining schedule makes (`timed_pipeline_waits`, around the one function all
-schedules block through) and its all_reduce. On CUDA a wait is followed by
+local arm times its receives and the waits for its sends to be taken; the pipe placement times every
+`work.wait()` a pipelining schedule makes (`torch_internals.timed_pipeline_waits`, around the one
+function all schedules block through) and its all_reduce. On CUDA a wait is followed by
 `torch.cuda.synchronize`, because NCCL's wait only orders streams: the host clock then covers the
 transfer. Compute is timed separately (forward, loss, backward, optimizer), in blocks that never
 hold a wait; both timers and the training clock read `time.perf_counter` and are read together
@@ -21,7 +21,6 @@ an identity, exact up to float addition, and a rank held up by a slow neighbour 
 
 from __future__ import annotations
 
-import contextlib
 import time
 from collections import Counter, deque
 
@@ -125,30 +124,55 @@ class Wire:
         return t
 
 
-@contextlib.contextmanager
-def timed_pipeline_waits(wait: Timer):
-    """Time every wait of a torch.distributed.pipelining schedule on this rank.
+class ChainLink:
+    """A segment chain's neighbours on stages (`seams.chain`): its held segments' input comes
+    from the previous rank and their output goes to the next one, an output-gradient comes back
+    from the next rank and an input-gradient goes to the previous one. Activations keep at most
+    `queue` steps of sends in flight; gradient sends have their own wire, taken by the previous
+    rank `delay` steps after they are sent (`commit_gradients`), so with a delay no rank waits
+    for one in steady state."""
 
-    All schedules in torch 2.13 block on P2P work through `schedules._wait_batch_p2p` (the
-    runtime of the multi-stage schedules and the single-stage GPipe and 1F1B alike); this wraps
-    it for the duration of a step. tests/test_dist.py fails if the wrap stops seeing the waits.
-    """
-    from torch.distributed.pipelining import schedules
-    inner = schedules._wait_batch_p2p
+    def __init__(self, rank: int, world: int, held: list[int], h_shape, wire: "Wire", gwire: "Wire", queue: int):
+        self.rank, self.first, self.last = rank, rank == 0, rank == world - 1
+        self.seam_in, self.seam_out = held[0] - 1, held[-1]  # boundaries into and out of this rank
+        self.h_shape, self.wire, self.gwire, self.queue = h_shape, wire, gwire, queue
+        self.grads_received = 0
 
-    def timed(work):
-        with wait:
-            inner(work)
-    schedules._wait_batch_p2p = timed
-    try:
-        yield
-    finally:
-        schedules._wait_batch_p2p = inner
+    def recv_activation(self) -> torch.Tensor:
+        return self.wire.recv(self.h_shape, self.rank - 1, "activation", boundary=self.seam_in)
+
+    def send_activation(self, out: torch.Tensor) -> None:
+        self.wire.send(out, self.rank + 1, "activation", boundary=self.seam_out)
+        self.wire.commit(self.queue)
+
+    def recv_gradient(self) -> torch.Tensor:
+        self.grads_received += 1
+        return self.gwire.recv(self.h_shape, self.rank + 1, "gradient", boundary=self.seam_out)
+
+    def send_gradient(self, g: torch.Tensor) -> None:
+        self.gwire.send(g, self.rank - 1, "gradient", boundary=self.seam_in)
+
+    def commit_gradients(self, keep: int) -> None:
+        self.gwire.commit(keep)
+
+    def recv_eval(self) -> torch.Tensor:
+        return self.wire.recv(self.h_shape, self.rank - 1, "eval", boundary=self.seam_in)
+
+    def send_eval(self, h: torch.Tensor) -> None:
+        self.wire.send(h, self.rank + 1, "eval", boundary=self.seam_out)
+        self.wire.commit(self.queue)
+
+    def all_reduce(self, vec: torch.Tensor) -> torch.Tensor:
+        return self.wire.all_reduce(vec)
+
+    def inflight(self) -> list[torch.Tensor]:
+        """The gradient sends the previous rank has not taken yet."""
+        return [t for group in [*self.gwire.inflight, self.gwire.group] for _, t in group]
 
 
 # ----------------------------------------------------------------------------- measured against analytic
 
-def _per_step(total: int, steps: int):
+def per_step(total: int, steps: int):
     if steps == 0:
         return 0
     return total // steps if total % steps == 0 else total / steps
@@ -179,12 +203,12 @@ def measured_bytes(arm: str, ranks: list[dict], boundaries: list[int], owner: li
             if kind in ("control", "eval"):
                 row[f"{kind}_bytes"] = sent
             else:
-                row[f"{kind}_bytes_per_step"] = _per_step(sent, steps)
-                row[f"{kind}_messages_per_step"] = _per_step(tally[(src, "sent", kind, i, "n")], steps)
+                row[f"{kind}_bytes_per_step"] = per_step(sent, steps)
+                row[f"{kind}_messages_per_step"] = per_step(tally[(src, "sent", kind, i, "n")], steps)
         act_total += tally[(lo, "sent", "activation", i)]
         grad_total += tally[(hi, "sent", "gradient", i)]
         per.append(row)
-    act, grad = _per_step(act_total, steps), _per_step(grad_total, steps)
+    act, grad = per_step(act_total, steps), per_step(grad_total, steps)
     expect_act = len(boundaries) * act_bytes
     expect = expect_act * (2 if arm == "e2e" else 1)
     other = sum(v for (rk, d, kind, s, *n), v in tally.items()
@@ -207,6 +231,56 @@ def measured_bytes(arm: str, ranks: list[dict], boundaries: list[int], owner: li
         "sent_equals_received": consistent,
         "gradient_messages_received": grad_msgs_received,
         "control_bytes": sum(r["control_bytes"] for r in per),
-        "allreduce_per_rank_per_step": _per_step(allreduce[0], steps) if allreduce else 0,
+        "allreduce_per_rank_per_step": per_step(allreduce[0], steps) if allreduce else 0,
         "eval_bytes": sum(r["eval_bytes"] for r in per),
     }
+
+
+def expected_gradients(lay, delay: int, steps: int) -> dict[int, int]:
+    """Gradients each crossing k of a chain carries back in `steps` steps: one every step from the
+    one its sender, segment k+1, first backpropagates (step d*(S-2-k))."""
+    S = len(lay.segs)
+    return {k: max(0, steps - delay * (S - 2 - k)) for k in lay.crossings()}
+
+
+def summary(cfg, lay, ranks: list[dict]) -> dict | None:
+    """What one multi-process arm put on the wire per step (measured), beside the analytic bytes,
+    and the share of its ranks' time spent waiting (the bubble); None on one process."""
+    if lay.ranks == 1:
+        return None
+    wait = sum(r["wait_s"] for r in ranks) / max(1e-12, sum(r["elapsed_s"] for r in ranks))
+    if lay.kind == "dp":
+        a = ranks[0]["allreduce"]
+        return {"kind": "allreduce", "bytes_per_step": a["bytes_per_step"],
+                "analytic_bytes_per_step": a["analytic_bytes_per_step"], "allreduce_s": a["seconds"],
+                "wait_share": wait}
+    act = act_bytes(cfg)
+    if lay.arm == "delayed":
+        steps = ranks[0]["wire_steps"]
+        sent, got = {"activation": 0, "gradient": 0}, {"activation": 0, "gradient": 0}
+        for r in ranks:
+            for c in r["traffic"]:
+                if c["kind"] in sent:
+                    (sent if c["direction"] == "sent" else got)[c["kind"]] += c["bytes"]
+        grads = sum(expected_gradients(lay, cfg.seams.delay, steps).values())
+        analytic = {"activation": steps * len(lay.crossings()) * act, "gradient": grads * act}
+        return {"kind": "activations and gradients, late",
+                "bytes_per_step": (sent["activation"] + sent["gradient"]) / steps if steps else 0,
+                "analytic_bytes_per_step": 2 * len(lay.crossings()) * act, "crossings": len(lay.crossings()),
+                "agrees": sent == got == analytic, "wait_share": wait}
+    m = measured(cfg, lay, ranks)
+    return {"kind": "activations and gradients" if lay.arm == "e2e" else "activations", "bytes_per_step": m["per_step"],
+            "analytic_bytes_per_step": m["analytic_per_step"], "crossings": m["crossings"],
+            "agrees": m["agrees"] and m["sent_equals_received"], "wait_share": wait}
+
+
+def act_bytes(cfg) -> int:
+    """The bytes of one step's h_BTC at the wire dtype (the parameter dtype; float32 for bf16 runs)."""
+    return cfg.data.batch * cfg.model.seq * cfg.model.dim * (8 if cfg.train.dtype == "float64" else 4)
+
+
+def measured(cfg, lay, ranks: list[dict]) -> dict:
+    """`measured_bytes` over the crossings of an e2e pipe's or a local chain's stages."""
+    e2e = lay.arm == "e2e"
+    return measured_bytes("e2e" if e2e else "local", ranks, lay.crossings(), lay.owner, act_bytes(cfg),
+                          lay.micro_batches if e2e else 1)

@@ -1,0 +1,202 @@
+"""The config: one dataclass per concern, composed into one `RunConfig`.
+
+Every field has a default and a short comment where it is declared; every numeric field its range
+(`fields.ranged`). Strings a user types (the seams, the arms, the placements) are validated when
+a section is built and read everywhere as typed values through one property each:
+`RunConfig.seam_blocks` and `.seam_segments`, `SeamsConfig.arm_names` and `.placements`. They are
+no fields, so `to_dict()` (what reports and checkpoints keep) holds what the user typed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+from seamkit.config.fields import ConfigError, check_fields, one_of, ranged
+from seamkit.config.parse import parse_arms, parse_choice, parse_seams, segments
+
+TOKENIZERS = ("qwen", "bytes")
+OBJECTIVES = ("aux_head", "detached_head", "shared_head", "aux_block", "own_head")
+CALIBRATIONS = ("auto", "run", "bench")  # where seams.placement=best finds each candidate's speed
+DTYPES = ("float32", "float64", "bfloat16")
+LR_SCHEDULES = ("budget", "steps")
+ORDERS = ("interleaved", "sequential")
+
+
+@dataclass
+class ModelConfig:
+    vocab: int = ranged(151936, gt=0)  # rows of the embedding and the LM head
+    dim: int = ranged(512, gt=0)  # residual width
+    n_blocks: int = ranged(16, gt=0)  # transformer blocks; seams cut between them
+    n_heads: int = ranged(8, gt=0)  # attention heads; dim must divide evenly
+    seq: int = ranged(512, gt=0)  # tokens per training row
+    mlp_mult: int = ranged(4, gt=0)  # MLP hidden width is mlp_mult * dim
+    rope_base: float = ranged(10000.0, gt=0)  # RoPE frequency base
+    norm_eps: float = ranged(1e-6, gt=0)  # RMSNorm epsilon
+    dropout: float = ranged(0.0, ge=0, lt=1)  # attention/residual dropout; exact pruning refuses > 0
+
+    def __post_init__(self):
+        check_fields(self, "model")
+        if self.dim % self.n_heads:
+            raise ConfigError(f"model.dim={self.dim} is not divisible by model.n_heads={self.n_heads}")
+        if (self.dim // self.n_heads) % 2:
+            raise ConfigError(f"model head size dim/n_heads={self.dim // self.n_heads} must be even for RoPE")
+
+
+@dataclass
+class DataConfig:
+    corpus: str = "wordnet"  # "wordnet" (shipped in data/) or a path to a .txt / .jsonl corpus
+    tokenizer: str = "qwen"  # "qwen" (151,936 ids) or "bytes" (UTF-8 bytes + end-of-document + pad)
+    batch: int = ranged(8, gt=0)  # rows per training step
+    window_positions: int = ranged(4864, gt=0)  # max tokens in one packed window of held-out documents
+    cache_dir: str = ".cache/seamkit"  # tokenized corpora are cached here
+
+    def __post_init__(self):
+        check_fields(self, "data")
+        one_of("data.tokenizer", self.tokenizer, TOKENIZERS)
+
+
+@dataclass
+class TrainConfig:
+    budget_seconds: float = ranged(3600.0, ge=0)  # wall-clock training budget per arm (evaluation excluded); 0: none
+    max_steps: int = ranged(0, ge=0)  # stop after this many steps as well; 0: only the budget stops
+    lr: float = ranged(3e-4, gt=0)  # AdamW peak learning rate
+    min_lr_frac: float = ranged(0.1, ge=0, le=1)  # cosine decay floor, as a fraction of lr
+    warmup_steps: int = ranged(100, ge=0)  # linear warm-up
+    decay_steps: int = ranged(20000, ge=0)  # length of the cosine decay after warm-up (step-based, same for both arms)
+    weight_decay: float = ranged(0.1, ge=0)  # AdamW decoupled weight decay
+    beta1: float = ranged(0.9, ge=0, lt=1)  # AdamW first-moment decay
+    beta2: float = ranged(0.95, ge=0, lt=1)  # AdamW second-moment decay
+    grad_clip: float = ranged(1.0, ge=0)  # global-norm clip; 0 disables
+    seed: int = ranged(0, ge=0, le=2**31 - 1)  # weights, data order and random loss masks (what every RNG takes)
+    device: str = "auto"  # "auto" (cuda if present), "cpu" or "cuda"
+    dtype: str = "float32"  # parameter dtype on CPU; on CUDA float32 weights run under bf16 autocast
+    threads: int = ranged(0, ge=0)  # torch threads per process; 0: the free cores (seamkit.threads), shared by ranks
+    curve_points: int = ranged(41, ge=2)  # training-loss points spread over the budget, the first at step 0
+    checkpoint_every_s: float = ranged(0.0, ge=0)  # also checkpoint every this many training seconds; 0: only at the end
+    lr_schedule: str = "budget"  # "budget": warm-up and cosine follow the share of the budget spent; "steps": by step
+    warmup_frac: float = ranged(0.02, ge=0, lt=1)  # budget schedule: warm-up share of the run (floor to peak)
+    eval_tokens: int = ranged(32768, gt=0)  # held-out tokens per evaluation: whole batches (at least one), val split if smaller
+    compile: bool = False  # torch.compile each block for training (seamkit.accel); meant for CUDA
+
+    def __post_init__(self):
+        check_fields(self, "train")
+        if self.budget_seconds == 0 and self.max_steps == 0:
+            raise ConfigError("train.budget_seconds or train.max_steps must be positive")
+        if self.device not in ("auto", "cpu", "cuda"):
+            raise ConfigError(f"train.device must be auto, cpu or cuda, got {self.device!r}")
+        one_of("train.dtype", self.dtype, DTYPES)
+        one_of("train.lr_schedule", self.lr_schedule, LR_SCHEDULES)
+
+
+@dataclass
+class SeamsConfig:
+    seams: str = "all"  # "all" (after every block but the last), a count "3", or block indices "1,3,5"
+    objective: str = "aux_head"  # local objective: aux_head, detached_head, shared_head, aux_block or own_head
+    aux_classes: int = ranged(8192, gt=0)  # aux_head: K most frequent training tokens (+1 "other"), capped at vocab
+    order: str = "interleaved"  # "interleaved": the arms take turns in slices; "sequential": one after the other
+    slice_seconds: float = ranged(2.0, gt=0)  # interleaved: training seconds an arm runs before the next one's turn
+    repeats: int = ranged(1, gt=0)  # seeds train.seed, train.seed+1, ...; every arm shares each seed (paired)
+    token_marks: int = ranged(3, gt=0)  # held-out loss of every arm at this many equal token counts
+    devices: int = ranged(0, ge=0)  # the hardware budget every arm gets (seams.placement); 0: auto (free cores, or every GPU)
+    placement: str = "best"  # best: each arm its fastest placement here; or e2e=single|dp|pipe:SCHEDULE:M,local=single|stages
+    calibration: str = "auto"  # placement=best: auto (a committed calibration of this host, re-timed, else run), run, bench
+    calibrate_steps: int = ranged(12, ge=4)  # calibration: steps per candidate (the first quarter is warm-up)
+    calibrate_rounds: int = ranged(2, ge=1)  # calibration: runs per candidate, order reversed each round; the median
+    delay: int = ranged(1, ge=0)  # delayed arm: steps an output-gradient takes to cross each seam backwards
+    weight_stashing: bool = True  # delayed arm: backward under the weights batch t's forward used (else the current ones)
+    local_weight: float = ranged(0.0, ge=0)  # delayed arm: weight of each segment's aux_head loss gradient; 0: none
+    arms: str = "e2e,local"  # the study's arms: a comma list of distinct names from e2e, local, delayed (e2e always)
+
+    def __post_init__(self):
+        check_fields(self, "seams")
+        one_of("seams.objective", self.objective, OBJECTIVES)
+        one_of("seams.order", self.order, ORDERS)
+        one_of("seams.calibration", self.calibration, CALIBRATIONS)
+        extra = [a for a in self.placements if a not in self.arm_names]
+        if extra:
+            raise ConfigError(f"seams.placement={self.placement!r} names the {extra[0]} arm, which seams.arms="
+                              f"{self.arms!r} does not run")
+
+    @property
+    def arm_names(self) -> tuple[str, ...]:
+        """`arms` typed: the arms in their one order (e2e, local, delayed)."""
+        return parse_arms(self.arms)
+
+    @property
+    def placements(self) -> dict:
+        """`placement` typed: {arm: Placement} for the arms it names ({} for best)."""
+        return parse_choice(self.placement)
+
+
+@dataclass
+class PruneConfig:
+    windows: int = ranged(4, gt=0)  # held-out windows to check and time
+    samples: int = ranged(3, gt=0)  # timed samples per window and mode, after warm-up
+    warmup: int = ranged(1, ge=0)  # untimed steps per window and mode before sampling
+    policy: str = "completion"  # loss policy: all, completion or random:<p>
+    split: str = "test"  # held-out split the windows come from
+    dtype: str = "float32"  # float32 or float64 (the 1e-12 check)
+    reference: str = "inductor"  # inductor: torch.compile of the unpruned step; eager: the eager step, asked for
+    exact: str = "arithmetic"  # arithmetic: pruned on every op (float64 within 1e-12); bitwise: CPU bits, slower
+
+    def __post_init__(self):
+        check_fields(self, "prune")
+        check_policy(self.policy)
+        if self.split not in ("train", "val", "test"):
+            raise ConfigError(f"prune.split must be train, val or test, got {self.split!r}")
+        if self.dtype not in ("float32", "float64"):
+            raise ConfigError(f"prune.dtype must be float32 or float64, got {self.dtype!r}")
+        if self.reference not in ("inductor", "eager"):
+            raise ConfigError(f"prune.reference must be inductor or eager, got {self.reference!r}")
+        if self.exact not in ("arithmetic", "bitwise"):
+            raise ConfigError(f"prune.exact must be arithmetic or bitwise, got {self.exact!r}")
+
+
+def check_policy(policy: str) -> float | None:
+    """Validate a loss policy; returns p for `random:<p>`, else None."""
+    if policy in ("all", "completion"):
+        return None
+    if policy.startswith("random:"):
+        try:
+            p = float(policy.split(":", 1)[1])
+        except ValueError:
+            p = -1.0
+        if 0.0 < p <= 1.0:
+            return p
+    raise ConfigError(f"loss policy must be all, completion or random:<p> with 0 < p <= 1, got {policy!r}")
+
+
+@dataclass
+class RunConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    seams: SeamsConfig = field(default_factory=SeamsConfig)
+    prune: PruneConfig = field(default_factory=PruneConfig)
+    preset: str = "seed"  # the preset this config started from (informational)
+
+    def __post_init__(self):
+        need = tokenizer_vocab(self.data.tokenizer)
+        if self.model.vocab < need:
+            raise ConfigError(f"model.vocab={self.model.vocab} is smaller than the {self.data.tokenizer} "
+                              f"tokenizer's {need} ids")
+        self.seam_blocks  # noqa: B018 -- a bad seam spec fails when the config is built
+
+    @property
+    def seam_blocks(self) -> list[int]:
+        """`seams.seams` typed: the block each seam follows."""
+        return parse_seams(self.seams.seams, self.model.n_blocks)
+
+    @property
+    def seam_segments(self) -> list[list[int]]:
+        """The blocks of each segment between the seams."""
+        return segments(self.seam_blocks, self.model.n_blocks)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def tokenizer_vocab(name: str) -> int:
+    """Ids a tokenizer can emit (the model's vocab must be at least this)."""
+    return {"qwen": 151936, "bytes": 258}[name]

@@ -1,0 +1,324 @@
+"""How ranks start, fail and stop: the one launcher every multi-process part of seamkit uses (the
+study's arms, the calibration of placements, the forecast's measurements), and the torchrun entry
+point for an arm on a cluster.
+
+`spawn(fn, world, args, events)` starts `world` processes with torch's own launcher
+(`torch.multiprocessing.start_processes`, spawn), joined by a c10d rendezvous: this process hosts
+a TCPStore, each rank connects to it and `init_process_group` builds gloo (CPU) or NCCL (CUDA,
+one GPU per rank) over it. Rank r runs `fn(rank, world, events, *args)`; what it returns, and
+any error it raises, come back on the `events` queue beside whatever it sends there itself.
+`run_ranks` does that and waits for the results.
+
+Faults. A rank that raises sends its rank, the time and one line and exits; its peers' pending
+messages then fail ("connection closed"). The first death stops the others, and the error names
+the rank that failed first on its own (a rank whose peer vanished ranks after one that failed on
+its own, then the earliest). A rank dies with this process (Linux: PR_SET_PDEATHSIG). Ctrl-C:
+only rank 0 acts on it (`words.on_sigint`: between steps; a second one a second later, at once),
+the others follow rank 0's word.
+
+Under torchrun (`torchrun --nproc-per-node S -m seamkit.seams.launch --arm e2e --placement
+pipe:zbv:8 ...`, `--nnodes` for several machines) each rank runs one arm with torchrun's own
+rendezvous (`env://`); rank 0 writes its report.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import queue
+import signal
+import sys
+import time
+import traceback
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as tmp
+
+from seamkit.config import SeamkitError
+
+TIMEOUT_S = 120.0  # the process group's timeout
+COMM_ERRORS = ("Connection closed by peer", "Connection reset", "Broken pipe", "Timed out", "timed out",
+               "DistNetworkError", "DistBackendError", "ECONNRESET", "connection closed")
+
+
+class DistError(SeamkitError, RuntimeError):
+    """Ranks that failed; one line naming the rank."""
+
+
+def one_line(text: str, limit: int = 400) -> str:
+    lines = [ln.strip() for ln in str(text).strip().splitlines() if ln.strip()]
+    line = lines[-1] if lines else ""
+    return line if len(line) <= limit else line[:limit] + "..."
+
+
+def is_comm_error(msg: str) -> bool:
+    """Errors a rank gets because another rank died (not the root cause)."""
+    return any(s in msg for s in COMM_ERRORS)
+
+
+def backend_of(device: torch.device) -> str:
+    return "nccl" if device.type == "cuda" else "gloo"
+
+
+# ----------------------------------------------------------------------------- one rank
+
+def _die_with_parent(parent: int) -> None:
+    """A rank dies with the process that started it (Linux), so a killed launcher leaves no orphans."""
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        except OSError:
+            return
+    if os.getppid() != parent:
+        os._exit(1)
+
+
+def _entry(rank: int, fn: Callable, world: int, port: int | None, events, parent: int, backend: str,
+           label: str, args: tuple) -> None:
+    """Body of a spawned rank (`spawn`)."""
+    from seamkit.seams.words import on_sigint
+    _die_with_parent(parent)
+    signal.signal(signal.SIGINT, on_sigint if rank == 0 else signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    code = 0
+    try:
+        store = None
+        if world > 1:
+            store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=datetime.timedelta(seconds=TIMEOUT_S))
+            dist.init_process_group(backend, store=dist.PrefixStore("pg", store), rank=rank, world_size=world,
+                                    timeout=datetime.timedelta(seconds=TIMEOUT_S))
+        value = fn(rank, world, events, store, *args)
+        events.put({"kind": "_return", "group": label, "rank": rank, "value": value})
+        if world > 1:
+            dist.barrier()  # nobody leaves while a peer may still need it
+    except BaseException as e:  # noqa: BLE001 -- one line for the launcher, then out
+        msg = f"{type(e).__name__}: {one_line(str(e)) or 'no message'}"
+        events.put({"kind": "_error", "group": label, "rank": rank, "time": time.time(), "error": msg,
+                    "comm": is_comm_error(msg),
+                    "user": isinstance(e, SeamkitError), "traceback": traceback.format_exc()})
+        code = 130 if isinstance(e, KeyboardInterrupt) else 1
+    events.close()
+    events.join_thread()  # everything put is on its way before the process goes
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)  # no interpreter teardown: gloo can abort there when a peer has gone
+
+
+# ----------------------------------------------------------------------------- the launcher
+
+class Group:
+    """The ranks one `spawn` started, and the store that joins them."""
+
+    def __init__(self, context, store, world: int, label: str):
+        self.context, self.store, self.world, self.label = context, store, world, label
+        self.errors: list[dict] = []
+
+    @property
+    def procs(self):
+        return self.context.processes
+
+    def exitcodes(self) -> list[int | None]:
+        return [p.exitcode for p in self.procs]
+
+    def done(self) -> bool:
+        return all(c is not None for c in self.exitcodes())
+
+    def failed(self) -> bool:
+        return any(c not in (None, 0) for c in self.exitcodes())
+
+    def interrupt(self) -> None:
+        """Ctrl-C to rank 0 (it stops between steps; the others follow its word)."""
+        p = self.procs[0]
+        if p.is_alive():
+            try:
+                os.kill(p.pid, signal.SIGINT)
+            except ProcessLookupError:
+                pass
+
+    def stop(self, grace_s: float = 3.0) -> None:
+        """Every rank still running, terminated (then killed after `grace_s`)."""
+        for p in self.procs:
+            if p.is_alive():
+                p.terminate()
+        deadline = time.monotonic() + grace_s
+        for p in self.procs:
+            p.join(max(0.0, deadline - time.monotonic()))
+            if p.is_alive():
+                p.kill()
+                p.join()
+
+    def death(self) -> str:
+        """One line naming the rank that failed first on its own (module docstring)."""
+        found = [(1 if e["comm"] else 0, e["time"], e["rank"], e["error"]) for e in self.errors]
+        for r, c in enumerate(self.exitcodes()):
+            if c is not None and c < 0 and not any(e["rank"] == r for e in self.errors):
+                found.append((0, 0.0, r, f"killed by {signal.Signals(-c).name}"))
+        if not found:
+            codes = self.exitcodes()
+            r = next((r for r, c in enumerate(codes) if c not in (None, 0)), 0)
+            found.append((0, 0.0, r, f"exited with code {codes[r]}"))
+        _, _, rank, why = min(found)
+        return f"rank {rank} died: {why} ({self.label})" if self.world > 1 else f"{why} ({self.label})"
+
+
+def spawn(fn: Callable, world: int, args: tuple, events, label: str, device: torch.device | None = None) -> Group:
+    """`world` ranks each running fn(rank, world, events, store, *args) (module docstring)."""
+    store = None
+    if world > 1:
+        store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+                              timeout=datetime.timedelta(seconds=TIMEOUT_S))
+    backend = backend_of(device or torch.device("cpu"))
+    ctx = tmp.start_processes(_entry, args=(fn, world, store.port if store else None, events, os.getpid(), backend,
+                                            label, args), nprocs=world, join=False, start_method="spawn")
+    return Group(ctx, store, world, label)
+
+
+def events_queue():
+    return tmp.get_context("spawn").Queue()
+
+
+def run_ranks(fn: Callable, world: int, *args, label: str = "ranks", on_event: Callable[[dict], None] | None = None,
+              device: torch.device | None = None) -> list:
+    """`spawn` and wait: every rank's return value, in rank order. A rank that fails stops the
+    others and raises DistError in one line (a SeamkitError a rank raised: its own line)."""
+    events = events_queue()
+    group = spawn(fn, world, args, events, label, device)
+    values: dict[int, object] = {}
+    try:
+        while len(values) < world:
+            try:
+                e = events.get(timeout=0.1)
+            except queue.Empty:
+                if group.failed():
+                    time.sleep(0.2)  # let a rank that failed first say why
+                    drain(events, group, values, on_event)
+                    raise DistError(group.death())
+                continue
+            take(e, group, values, on_event)
+            own_error(group)
+        return [values[r] for r in range(world)]
+    finally:
+        group.stop()
+
+
+def take(e: dict, group: Group, values: dict, on_event) -> None:
+    """A launcher's event: a rank's return value into `values`, its error into the group's."""
+    if e["kind"] == "_return":
+        values[e["rank"]] = e["value"]
+    elif e["kind"] == "_error":
+        group.errors.append(e)
+    elif on_event is not None:
+        on_event(e)
+
+
+def own_error(group: Group) -> None:
+    """DistError for the first error a rank of `group` had on its own (a peer's death is not one):
+    a SeamkitError it raised in its own line, anything else naming the rank."""
+    own = [e for e in group.errors if not e["comm"]]
+    if own:
+        raise DistError(own[0]["error"] if own[0]["user"] else group.death()) from None
+
+
+def drain(events, group: Group, values: dict, on_event) -> None:
+    while True:
+        try:
+            take(events.get_nowait(), group, values, on_event)
+        except queue.Empty:
+            return
+
+
+# ----------------------------------------------------------------------------- torchrun
+
+def _printer() -> Callable[[dict], None]:
+    """A plain line every few seconds from the rank that holds the loss curve."""
+    printed = {}
+
+    def emit(e: dict) -> None:
+        if e["kind"] == "progress" and (time.monotonic() - printed.get(e["arm"], -1e9) >= 5 or e["fraction"] >= 1):
+            printed[e["arm"]] = time.monotonic()
+            loss = "-" if e["loss"] is None else f"{e['loss']:.4f}"
+            print(f"{e['arm']}: step {e['step']}, loss {loss}, {e['tokens_per_s']:,.0f} tok/s, {e['elapsed_s']:.1f} s",
+                  flush=True)
+    return emit
+
+
+def parser():
+    from seamkit import config as C
+    ap = C.OneLineParser(prog="torchrun ... -m seamkit.seams.launch",
+                         description="One arm of the seams study on the ranks torchrun starts (--nnodes for several "
+                                     "machines); rank 0 writes the arm's report and checkpoint")
+    ap.add_argument("--preset", default="cpu", choices=sorted(C.PRESETS))
+    ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    ap.add_argument("--arm", default="e2e", choices=C.ARMS, help="the arm to run (default e2e)")
+    ap.add_argument("--placement", help="its placement over the ranks: dp, pipe:SCHEDULE[:M] or stages "
+                                        "(default: stages, dp for e2e; single on one rank)")
+    ap.add_argument("--budget", type=float, help="seconds (train.budget_seconds)")
+    ap.add_argument("--max-steps", dest="max_steps", type=int, help="train.max_steps")
+    ap.add_argument("--seed", type=int, help="train.seed")
+    ap.add_argument("--threads", type=int, help="torch threads per rank (train.threads)")
+    ap.add_argument("--checkpoint", help="where rank 0 leaves the arm's checkpoint")
+    ap.add_argument("--out", default="reports/arm.json", help="the arm's report (rank 0)")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The arm of the command line on this rank of a torchrun job (module docstring)."""
+    from seamkit import config as C
+    from seamkit.report import provenance, write_json
+    from seamkit.seams.arm import ArmSpec, device_of, run_arm
+    from seamkit.seams.report import report_arm
+    from seamkit.seams.words import on_sigint
+    args = parser().parse_args(argv)
+    if "RANK" not in os.environ:
+        print("seamkit.seams.launch: error: run it under torchrun, e.g. torchrun --nproc-per-node 2 -m "
+              "seamkit.seams.launch --arm local --placement stages", file=sys.stderr)
+        return 2
+    rank, world, local = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ.get("LOCAL_RANK", 0))
+    signal.signal(signal.SIGINT, on_sigint if rank == 0 else signal.SIG_IGN)
+    code = 0
+    try:
+        over = C.parse_overrides(args.overrides)
+        for flag, key in (("budget", "train.budget_seconds"), ("max_steps", "train.max_steps"),
+                          ("seed", "train.seed"), ("threads", "train.threads")):
+            if getattr(args, flag) is not None:
+                over[key] = getattr(args, flag)
+        cfg = C.override(C.preset(args.preset), over)
+        default = "single" if world == 1 else "dp" if args.arm == "e2e" else "stages"
+        placement = C.parse_placement(args.placement or default)
+        if placement.ranks(world) != world:
+            raise C.ConfigError(f"--placement {placement} runs on 1 rank; torchrun started {world}")
+        spec = ArmSpec(args.arm, cfg, placement, world, args.checkpoint)
+        spec.layout  # noqa: B018 -- a placement that cannot run says why on every rank, before any group
+        device = device_of(cfg, local)
+        faults = None
+        if world > 1:
+            dist.init_process_group(backend_of(device), init_method="env://",
+                                    timeout=datetime.timedelta(seconds=TIMEOUT_S))
+            store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+                                  timeout=datetime.timedelta(seconds=TIMEOUT_S))
+            faults = dist.PrefixStore("seamkit-faults", store)
+        result = run_arm(spec, rank, world, emit=_printer(), faults=faults, local_rank=local)
+        if rank == 0:
+            write_json(args.out, {"arm": report_arm(args.arm, result), "placement": spec.layout.placement.name,
+                                  "ranks": world, "nodes": int(os.environ.get("GROUP_WORLD_SIZE", 1)),
+                                  **provenance(cfg)})
+            print(f"{args.arm} on {spec.layout.placement.name} over {world} ranks: {result.status}, {result.steps} "
+                  f"steps, held-out loss {result.final_loss}; report: {args.out}", flush=True)
+            code = 0 if result.status == "complete" else 1
+        if world > 1:
+            dist.barrier()
+    except SeamkitError as e:
+        print(f"seamkit.seams.launch: error: {e}", file=sys.stderr)
+        code = 2
+    except KeyboardInterrupt:
+        code = 130
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)  # skip gloo's teardown (a peer may have gone)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
