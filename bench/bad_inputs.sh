@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # The bad inputs of a new user's first hour, through the `seamkit` command: each must exit
 # non-zero with at most 3 lines on stderr and leave no new file or folder. Prints one line per
-# case (OK or BAD) and exits 1 if any is BAD. Run from the repository root after `make test`:
+# case (OK or BAD) and exits 1 if any is BAD. Run from the repository root after `make venv`:
 #   bash bench/bad_inputs.sh
-# The tests generate these categories (tests/test_config.py, test_cli.py, test_data.py,
-# test_tokens.py, test_resume.py, test_sweep.py, test_dist.py); this is the same check end to end.
+# The tests check each category where its module is tested (config values, data preparation,
+# resume, sweeps, placements, the forecast); this is the same check end to end, through the
+# installed command. More devices than cores is asked for as cores + 1, so it is refused on any CPU.
 set -u
 SK=${SEAMKIT:-$(pwd)/.venv/bin/seamkit}
 WORK=$(mktemp -d)
@@ -44,6 +45,14 @@ run "sweep collect file" $SK sweep --collect afile
 run "sweep grid fast" $SK sweep seams --grid budget_seconds=fast --preset tiny --out sw3
 run "sweep grid seams=x" $SK sweep seams --grid seams=1,x --preset tiny --out sw4
 run "sweep grid seams=99" $SK sweep seams --grid seams=1,99 --preset tiny --out sw5
-run "stages schedule nosuch" $SK seams --preset tiny --stages 2 --schedule nosuch --out st1/s.json
-run "stages seams 1,2" $SK seams --preset tiny --stages 2 --seams 1,2 --out st2/s.json
+MORE=$(( $(nproc) + 1 ))
+run "devices > cores" $SK seams --preset tiny --devices $MORE --out st1/s.json
+run "placement e2e=stages" $SK seams --preset tiny --placement e2e=stages --out st2/s.json
+run "placement pipe:nosuch" $SK seams --preset tiny --devices 2 --placement e2e=pipe:nosuch --out st3/s.json
+run "pipe M not dividing batch" $SK seams --preset tiny --devices 2 --placement e2e=pipe:1f1b:3 --out st4/s.json
+run "stages fewer segments" $SK seams --preset tiny --devices 2 --seams 0 --placement local=stages --out st5/s.json
+run "stages detached_head" $SK seams --preset tiny --devices 2 --objective detached_head --placement local=stages --out st6/s.json
+run "forecast cores 0" $SK forecast --preset tiny --cores 0 --out f1.json
+run "forecast device-counts ''" $SK forecast --preset tiny --device-counts '' --out f2.json
+run "forecast costs ''" $SK forecast --preset tiny --costs '' --out f3.json
 exit $bad

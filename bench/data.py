@@ -7,7 +7,8 @@
    Tokenizer: `bytes` (one token per UTF-8 byte), because the timed preset (`cpu`) uses it, and
    because Qwen's BPE would take about 4 minutes per 500M tokens per core here.
 2. `seamkit data prepare` it (in its own process; wall time and peak RSS are recorded).
-3. Interleaved e2e training runs of the `cpu` preset, each in its own fresh process:
+3. Interleaved e2e training runs of the `cpu` preset, each in its own fresh process (the arm's
+   budget loop, `seamkit.seams.arm.run_arm` on placement single, in that process):
    `memory` trains from the shipped corpus loaded in memory (data.load_corpus), `tokens` from
    the 500M-token directory (memory-mapped, seamkit.data.tokenfiles). Per run: tokens/s of the budget
    loop; `open`: RSS after opening the corpus minus before; `growth`: peak RSS while training
@@ -48,7 +49,7 @@ WARM_STEPS = 3
 
 
 def proc_status(key: str) -> int:
-    m = re.search(rf"^{key}:\s+(\d+)\s*kB", Path("/proc/self/status").read_text(), re.M)
+    m = re.search(rf"^{key}:\s+(\d+)\s*kB", Path("/proc/self/status").read_text(), re.MULTILINE)
     return int(m.group(1)) * 1024
 
 
@@ -59,7 +60,7 @@ def child(corpus: str, budget: float, threads: int) -> dict:
 
     from seamkit import config as C
     from seamkit.data.load import load_corpus
-    from seamkit.seams.arm import run_arm
+    from seamkit.seams.arm import ArmSpec, run_arm
     torch.set_num_threads(threads)
     cfg = C.override(C.cpu(), {"train.budget_seconds": budget, "train.threads": threads, "data.corpus": corpus,
                                "data.tokenizer": "bytes"})
@@ -69,9 +70,12 @@ def child(corpus: str, budget: float, threads: int) -> dict:
     warm = {}
 
     def callback(event):  # RSS once a few steps have allocated what every step needs
-        if event["kind"] == "progress" and event["step"] >= WARM_STEPS and not warm:
+        if event["kind"] in ("progress", "point") and event["step"] >= WARM_STEPS and not warm:
             warm["rss"], warm["step"] = proc_status("VmRSS"), event["step"]
-    r = run_arm("e2e", cfg, corpus=c, callback=callback, own_process=True)
+    # in this process, which holds nothing else: its RSS is the arm's (own_process)
+    r = run_arm(ArmSpec("e2e", cfg, C.Placement("single"), 1, own_process=True), emit=callback, corpus=c)
+    if not warm:
+        raise SystemExit(f"{r.steps} steps in {budget:g} s: growth is measured after {WARM_STEPS}; raise --budget")
     return {"corpus_tokens": c.n_tokens(), "train_tokens": c.n_tokens("train"), "steps": r.steps,
             "tokens_per_s": r.tokens_per_s, "rss_before_corpus": rss0, "rss_after_corpus": rss1,
             "rss_train_start": r.rss_start_bytes, "rss_warm": warm["rss"], "warm_step": warm["step"],
@@ -115,7 +119,8 @@ def tokens_release_every() -> int:
 
 def run_child(corpus: str, budget: float, threads: int, extra=()) -> dict:
     out = subprocess.run([sys.executable, __file__, "--child", corpus, "--budget", str(budget),
-                          "--threads", str(threads), *extra], capture_output=True, text=True, cwd=ROOT)
+                          "--threads", str(threads), *extra], capture_output=True, text=True, cwd=ROOT,
+                         check=False)  # a failed child says why below
     if out.returncode:
         raise SystemExit(f"child run failed: {out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -166,7 +171,7 @@ def prepare(work: Path, tokens: float, workers: int) -> dict:
 
 # ----------------------------------------------------------------------------- main
 
-def main() -> None:
+def parse() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tokens", type=float, default=500e6)
     ap.add_argument("--budget", type=float, default=40.0, help="training seconds per run")
@@ -182,45 +187,38 @@ def main() -> None:
                     help="what the results file says about the machine (quiet, shared...)")
     ap.add_argument("--child")
     ap.add_argument("--release-every", type=int)
-    args = ap.parse_args()
-    if args.child:
-        print(json.dumps(child(args.child, args.budget, args.threads) if args.release_every is None
-                         else loader_pass(args.child, args.read, args.release_every)))
-        return
+    return ap.parse_args()
 
-    work = Path(args.workdir)
-    prep = prepare(work, args.tokens, args.workers)
-    print(f"corpus: {prep['tokens']:,} tokens in {len(prep['shards'])} shards"
-          + ("" if prep["reused"] else f", generated in {prep['generate_s']:.0f} s, prepared in {prep['prepare_s']:.0f} s"))
-    if args.prepare_only:
-        return
-    try:
-        runs = {"memory": [], "tokens": []}
-        for k in range(args.pairs):
-            order = ("memory", "tokens") if k % 2 == 0 else ("tokens", "memory")  # alternate who goes first
-            for side in order:
-                r = run_child("wordnet" if side == "memory" else str(work / "tokens"), args.budget, args.threads)
-                runs[side].append(r)
-                print(f"pair {k} {side:6s}: {r['tokens_per_s']:,.0f} tok/s, open {r['open_MiB']:.1f} MiB, "
-                      f"growth {r['growth_MiB']:.1f} MiB, peak {r['peak_rss'] / MiB:.0f} MiB "
-                      f"(anon {r['rss_anon_end'] / MiB:.0f} MiB, file {r['rss_file_end'] / MiB:.0f} MiB at the end)")
-        passes = []
-        for every in (tokens_release_every(), 0):  # the default, and never
-            r = run_child(str(work / "tokens"), 0, args.threads, ["--release-every", str(every), "--read", str(args.read)])
-            passes.append(r)
-            print(f"loader only, release every {every}: {r['tokens_read']:,} tokens read at "
-                  f"{r['loader_tokens_per_s'] / 1e6:.1f} M tok/s, RSS growth {r['growth_MiB']:.1f} MiB "
-                  f"(file {r['rss_file_end_MiB']:.0f} MiB at the end)")
-    finally:
-        if not args.keep:
-            shutil.rmtree(work, ignore_errors=True)
 
+def train_pairs(work: Path, args) -> dict:
+    """`--pairs` pairs of training runs, in memory and from the token files, who goes first alternating."""
+    runs = {"memory": [], "tokens": []}
+    for k in range(args.pairs):
+        for side in ("memory", "tokens") if k % 2 == 0 else ("tokens", "memory"):
+            r = run_child("wordnet" if side == "memory" else str(work / "tokens"), args.budget, args.threads)
+            runs[side].append(r)
+            print(f"pair {k} {side:6s}: {r['tokens_per_s']:,.0f} tok/s, open {r['open_MiB']:.1f} MiB, "
+                  f"growth {r['growth_MiB']:.1f} MiB, peak {r['peak_rss'] / MiB:.0f} MiB "
+                  f"(anon {r['rss_anon_end'] / MiB:.0f} MiB, file {r['rss_file_end'] / MiB:.0f} MiB at the end)")
+    return runs
+
+
+def loader_passes(work: Path, args) -> list[dict]:
+    passes = []
+    for every in (tokens_release_every(), 0):  # the default, and never
+        r = run_child(str(work / "tokens"), 0, args.threads, ["--release-every", str(every), "--read", str(args.read)])
+        passes.append(r)
+        print(f"loader only, release every {every}: {r['tokens_read']:,} tokens read at "
+              f"{r['loader_tokens_per_s'] / 1e6:.1f} M tok/s, RSS growth {r['growth_MiB']:.1f} MiB "
+              f"(file {r['rss_file_end_MiB']:.0f} MiB at the end)")
+    return passes
+
+
+def results(args, prep: dict, runs: dict, passes: list[dict]) -> dict:
+    import torch
     ratios = [t["tokens_per_s"] / m["tokens_per_s"] for m, t in zip(runs["memory"], runs["tokens"])]
     growth = [r["growth_MiB"] for r in runs["tokens"]]
-    import torch
-
-    from seamkit.report import atomic_write_text
-    result = {
+    return {
         "command": shlex.join(["python", "bench/data.py", *sys.argv[1:]]),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "machine": {"platform": platform.platform(), "cores": os.cpu_count(), "processor": platform.processor(),
@@ -242,6 +240,28 @@ def main() -> None:
                     "tokens_per_s_within_5pct": abs(statistics.median(ratios) - 1) <= 0.05},
         "runs": runs,
     }
+
+
+def main() -> None:
+    args = parse()
+    if args.child:
+        print(json.dumps(child(args.child, args.budget, args.threads) if args.release_every is None
+                         else loader_pass(args.child, args.read, args.release_every)))
+        return
+    work = Path(args.workdir)
+    prep = prepare(work, args.tokens, args.workers)
+    print(f"corpus: {prep['tokens']:,} tokens in {len(prep['shards'])} shards"
+          + ("" if prep["reused"] else f", generated in {prep['generate_s']:.0f} s, prepared in {prep['prepare_s']:.0f} s"))
+    if args.prepare_only:
+        return
+    try:
+        runs = train_pairs(work, args)
+        passes = loader_passes(work, args)
+    finally:
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+    from seamkit.report import atomic_write_text
+    result = results(args, prep, runs, passes)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(Path(args.out), json.dumps(result, indent=2) + "\n")
     print(json.dumps({k: result[k] for k in ("tokens_over_memory_tokens_per_s", "tokens_rss_growth_MiB",

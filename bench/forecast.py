@@ -21,9 +21,10 @@ cores; or one that cannot run) is reported with the reason and not measured.
 costs measured on this CPU, over the nvlink link. Timing the seed model at full rows on a CPU
 takes too long, so every entry is timed at --max-rows rows and scaled linearly in rows (the
 output's `assumed` says so), and the ranks are given a core each (cores = N_max x threads), so no
-N is flagged and no sharing factor applies; the pipelining runtime's figures are not measured
-(zeros, `runtime.how` says so): a CPU's compute per rank with a GPU's link, a shape of the curve,
-not a GPU forecast.
+N is flagged and no sharing factor applies (forecast with `extrapolate=True`: every candidate
+beyond the ranks and cores this CPU measured says so in its entry's `extrapolated`); the
+pipelining runtime's figures are not measured (zeros, `runtime.how` says so): a CPU's compute per
+rank with a GPU's link, a shape of the curve, not a GPU forecast.
 
     python bench/forecast.py --preset cpu --devices 1,2 --rounds 6 --repeats 15 --steps 60 --set seams.arms=e2e,local,delayed --out bench/results/forecast.json
     python bench/forecast.py --seed-scale --set seams.arms=e2e,local,delayed --out bench/results/forecast_seed_scale.json
@@ -48,7 +49,7 @@ from seamkit.forecast import (
 )
 from seamkit.forecast.candidates import candidates as forecast_candidates
 from seamkit.forecast.costs import measure_candidate, with_entries
-from seamkit.forecast.study import summary_lines
+from seamkit.forecast.predict import summary_lines
 from seamkit.report import provenance, write_json
 from seamkit.seams import calibration
 from seamkit.seams.placement import candidates
@@ -63,14 +64,13 @@ def build(args) -> C.RunConfig:
     return C.override(C.preset(args.preset), over)
 
 
-def validation(args) -> dict:
-    cfg = build(args)
-    devices = parse_devices(args.devices)
-    report = _round_forecast(cfg, devices, args)  # the first round's costs; also says what it flags
-    cost_threads = report["cost_table"].get("threads")
+def _to_measure(cfg, devices: list[int], report: dict) -> tuple[list, list]:
+    """(N, arm, placement, forecast candidate) of every placement candidate the forecast has, and
+    those it flags (with why)."""
+    cpu = report["costs"]["device"] == "cpu"
     todo, flagged = [], []
     for n in devices:
-        mine = {(c.arm, c.name): c for c in forecast_candidates(cfg, n, cores=report["cores"], threads=cost_threads)}
+        mine = {(c.arm, c.name): c for c in forecast_candidates(cfg, n, cores=report["cores"], cpu=cpu)}
         for arm, ps in candidates(cfg, n).items():
             for p in ps:
                 f = report["by_devices"][str(n)][arm]["candidates"].get(p.name)
@@ -79,6 +79,12 @@ def validation(args) -> dict:
                                     "why": f["reason"] if f else "not a candidate of the forecast"})
                 else:
                     todo.append((n, arm, p, mine[(arm, p.name)]))
+    return todo, flagged
+
+
+def _rounds(cfg, devices: list[int], args, todo: list, report: dict) -> tuple[dict, dict, list]:
+    """Every candidate's run in every round (module docstring): (its speeds, its forecasts from its
+    entries timed around each run, each round's own forecast)."""
     keys = [(n, arm, p.name) for n, arm, p, _ in todo]
     speeds = {k: [] for k in keys}
     paired = {k: [] for k in keys}  # each round's forecast from the candidate's entries timed around its run
@@ -98,7 +104,12 @@ def validation(args) -> dict:
             speeds[(n, arm, p.name)].append(speed)
             paired[(n, arm, p.name)].append(one["both"] | {"tokens_per_s_before": one["before"]["tokens_per_s"],
                                                            "tokens_per_s_after": one["after"]["tokens_per_s"]})
-    measured, spread, didnt = {a: {} for a in C.study_arms(cfg.seams.arms)}, [], []
+    return speeds, paired, forecasts
+
+
+def _medians(cfg, speeds: dict) -> tuple[dict, list, list]:
+    """({arm: {N: {name: median speed}}}, each candidate's spread over rounds, those that never finished)."""
+    measured, spread, didnt = {a: {} for a in cfg.seams.arm_names}, [], []
     for (n, arm, name), vals in speeds.items():
         ok = [v for v in vals if v is not None]
         if not ok:
@@ -108,19 +119,40 @@ def validation(args) -> dict:
         measured[arm].setdefault(n, {})[name] = med
         spread.append({"arm": arm, "devices": n, "candidate": name, "rounds": vals, "median": med,
                        "spread": (max(ok) - min(ok)) / med})
-    by_n = {n: {a: measured[a].get(n, {}) for a in measured} for n in devices}
-    # two forecasts of every run, each held to it: from the candidate's entries timed just before and
-    # just after the run (the error the bench reports), and from the costs measured at its round's start
-    # (minutes away, so the machine's drift over a round shows in it); validate_report gives the threads
-    # each measured process had beside each row (CPU)
+    return measured, spread, didnt
+
+
+def _validated(cfg, devices: list[int], fr: dict, got: dict) -> dict:
+    """`validate_report` of forecast `fr` against the speeds this run measured at every N, each N
+    a placement block of its own (measured here, in this run, for this config)."""
+    out = {"errors": [], "missing": [], "devices": []}
+    for n in devices:
+        doc = {"placement": {"devices": n, "candidates": got[n], "measured_here": got[n]},
+               "run_config": cfg.to_dict(), "device": fr["costs"]["device"]}
+        v = validate_report(fr, doc)
+        out = {**v, **{k: out[k] + v[k] for k in ("errors", "missing", "devices")}}
+    out.pop("note", None)
+    out["worst"] = max(out["errors"], key=lambda e: abs(e["relative_error"]), default=None)
+    return out
+
+
+def _per_round(cfg, devices: list[int], forecasts: list, speeds: dict, paired: dict, arms) -> dict:
+    """Two forecasts of every run, each held to it: from the candidate's entries timed just before
+    and just after the run (the error the bench reports), and from the costs measured at its
+    round's start (minutes away, so the machine's drift over a round shows in it); validate_report
+    gives the threads each measured process had beside each row (CPU)."""
     per_round = {"paired": [], "round_start": []}
     for r, fr in enumerate(forecasts):
         got = {n: {a: {name: vals[r] for (m, b, name), vals in speeds.items() if m == n and b == a
-                       and vals[r] is not None} for a in measured} for n in devices}
-        doc = {"measured": got, "run_config": cfg.to_dict(), "device": fr["costs"]["device"]}
-        per_round["round_start"].append(validate_report(fr, doc))
-        per_round["paired"].append(validate_report(_with_paired(fr, paired, r), doc))
-    v = per_round["paired"][0]
+                       and vals[r] is not None} for a in arms} for n in devices}
+        per_round["round_start"].append(_validated(cfg, devices, fr, got))
+        per_round["paired"].append(_validated(cfg, devices, _with_paired(fr, paired, r), got))
+    return per_round
+
+
+def _over_rounds(v: dict, per_round: dict, speeds: dict, paired: dict, devices: list[int]) -> None:
+    """Each row of `v` the median over rounds of its errors, with every round's figures beside it;
+    the worst, and how many candidates of each N are within TARGET."""
     for row in v["errors"]:
         key = (row["devices"], row["arm"], row["candidate"])
         for how, rounds in per_round.items():
@@ -130,10 +162,9 @@ def validation(args) -> dict:
         ran = [e for e, s in zip(paired[key], speeds[key]) if s is not None]  # the rounds validated
         for r, e in zip(row["paired_rounds"], ran):
             r.update(forecast_before=e["tokens_per_s_before"], forecast_after=e["tokens_per_s_after"])
-        mine = row["paired_rounds"]
-        got = [e["measured"] for e in mine]
-        row.update(forecast=statistics.median(e["forecast"] for e in mine), measured=statistics.median(got),
-                   relative_error=row["paired_error"])
+        got = [e["measured"] for e in row["paired_rounds"]]
+        row.update(forecast=statistics.median(e["forecast"] for e in row["paired_rounds"]),
+                   measured=statistics.median(got), relative_error=row["paired_error"])
         # the candidate's own run-to-run spread: how far this machine moves the measured side alone
         row["measured_spread"] = (max(got) - min(got)) / row["measured"]
     v["worst"] = max(v["errors"], key=lambda e: abs(e["relative_error"]), default=None)
@@ -144,6 +175,18 @@ def validation(args) -> dict:
             v["within_target"][str(n)] = {"target": TARGET, "of": len(rows),
                                           **{("within" if how == "paired" else f"within_{how}"):
                                              sum(abs(e[f"{how}_error"]) <= TARGET for e in rows) for how in per_round}}
+
+
+def validation(args) -> dict:
+    cfg = build(args)
+    devices = parse_devices(args.devices)
+    report = _round_forecast(cfg, devices, args)  # the first round's costs; also says what it flags
+    todo, flagged = _to_measure(cfg, devices, report)
+    speeds, paired, forecasts = _rounds(cfg, devices, args, todo, report)
+    measured, spread, didnt = _medians(cfg, speeds)
+    per_round = _per_round(cfg, devices, forecasts, speeds, paired, measured)
+    v = per_round["paired"][0]
+    _over_rounds(v, per_round, speeds, paired, devices)
     v["missing"] += flagged + didnt
     v["source"] = (f"bench/forecast.py, {args.rounds} interleaved round(s); error: the median over rounds of "
                    "(forecast - measured) / measured, the forecast from the candidate's cost entries timed just "
@@ -155,6 +198,7 @@ def validation(args) -> dict:
     for n, w in v["within_target"].items():
         print(f"N={n}: {w['within']} of {w['of']} candidates within {w['target']:.0%} "
               f"(from the round's start: {w['within_round_start']})")
+    by_n = {n: {a: measured[a].get(n, {}) for a in measured} for n in devices}
     return {"mode": "validation", "rounds": args.rounds, "measured": by_n,
             "measured_rounds": spread, "flagged": flagged, "errors": v["errors"], "worst": v["worst"],
             "within_target": v["within_target"], "steps": cfg.seams.calibrate_steps, "cost_repeats": args.repeats,
@@ -198,7 +242,7 @@ def seed_scale(args) -> dict:
     costs = measure_costs(cfg, devices, repeats=args.repeats, max_rows=args.max_rows, runtime=False)
     threads = costs.get("threads") or 1
     cores = max(devices) * threads
-    report = forecast(cfg, devices, costs=costs, link=args.seed_link, cores=cores)
+    report = forecast(cfg, devices, costs=costs, link=args.seed_link, cores=cores, extrapolate=True)
     assumed = (f"CPU costs: {cfg.preset} preset timed on this CPU ({costs['machine'].get('processor')}, "
                f"{threads} thread(s) a rank, mean of {args.repeats}), each entry at most {args.max_rows} rows and "
                f"scaled linearly in rows; every rank given a core of its own ({cores} cores for N={max(devices)}), "

@@ -10,8 +10,8 @@
 # 1. `seamkit seams`: e2e and local under a short budget per arm (bf16 autocast on CUDA, clocks
 #    synchronized by the trainer); prints each arm's tokens/s, peak VRAM, an 11-point loss curve
 #    and MFU, read from the report: its `matmul_peak` and per-arm `costs` (FLOPs per token
-#    counted on one training step, `costs.mfu` over the measured peak), all from seamkit.costs;
-#    for known GPUs also the same counted FLOPs over the data-sheet bf16 peak (costs.spec_peak).
+#    counted on one training step, `costs.mfu` over the measured peak), all from seamkit.flops;
+#    for known GPUs also the same counted FLOPs over the data-sheet bf16 peak (flops.spec_peak).
 # 2. `seamkit prune-check` on the e2e checkpoint with the reference's 4 windows (document-masked
 #    attention with a backward, against the compiled reference step); prints the pruned step's
 #    speed-up and memory per window and their medians.
@@ -48,16 +48,16 @@ echo "== 1. seams study (e2e, then local)"
   --out "$OUT/seams.json"
 "$PY" - "$OUT/seams.json" <<'EOF'
 import json, sys
-from seamkit import costs
+from seamkit import flops
 
 report = json.load(open(sys.argv[1]))
-peak, spec = report["matmul_peak"], costs.spec_peak(report["gpu"])
+peak, spec = report["matmul_peak"], flops.spec_peak(report["gpu"])
 print(f"device {report['gpu'] or report['device']}; matmul peak {peak['flops_per_s'] / 1e12:.3g} TFLOP/s measured "
       f"by the study ({peak['matmul']})" + (f", spec bf16 {spec / 1e12:.0f} TFLOP/s" if spec else ""))
 for arm, a in report["arms"].items():
     c = a.get("costs") or {}
     vram = "-" if a["peak_vram_bytes"] is None else f"{a['peak_vram_bytes'] / 2**30:.2f} GiB"
-    of_spec = f"MFU {costs.mfu(c['flops_per_token'], a['tokens_per_s'], spec):.1%} of spec, " if spec and c else ""
+    of_spec = f"MFU {flops.mfu(c['flops_per_token'], a['tokens_per_s'], spec):.1%} of spec, " if spec and c else ""
     of_peak = "-" if c.get("mfu") is None else f"{c['mfu']:.2%}"
     flops = "-" if not c else f"{c['flops_per_token'] / 1e6:.1f}"
     print(f"{arm:5s}: {a['tokens_per_s']:,.0f} tok/s ({a['steps']} steps), {of_spec}{of_peak} of measured matmul, "

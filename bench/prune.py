@@ -53,7 +53,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from seamkit import config as C  # noqa: E402
-from seamkit.costs import measured_flops
+from seamkit.flops import measured_flops  # noqa: E402
 from seamkit.model import GPT  # noqa: E402
 from seamkit.pruning import rules as prune  # noqa: E402
 from seamkit.pruning.compare import DIFFERENCES, compare, differences_zero  # noqa: E402

@@ -9,8 +9,10 @@ no sample reuses another's caches. Fresh and resumed samples alternate (fresh, r
 ...), so a busy neighbour lands on both. The resumed samples continue one interrupted run (a
 copy of it, made outside the timing): `train` e2e at step 20 of 40; the seams study (both arms
 in their processes, sequential order) with e2e at step 20 of 40. Inside the resumed train
-samples, the restore itself (reading and verifying the checkpoint, loading the weights, both
-optimizers, data position and RNG) is timed too.
+samples, the restore itself is timed too: reading and verifying the checkpoint
+(`seamkit.seams.resume.load_arm`, wherever it is called) and putting its state into the freshly
+built arm (`seamkit.seams.ranks.RankLoop.restore`: the weights, both optimizers, the data
+position, the RNG and the budget loop).
 """
 
 from __future__ import annotations
@@ -35,17 +37,20 @@ OVERRIDES = {"train.max_steps": STEPS, "train.budget_seconds": 0.0}
 CHILD = r"""
 import json, sys, time
 from seamkit import config as C
+from seamkit.seams import arm as A
 from seamkit.seams import resume as R
+from seamkit.seams.ranks import RankLoop
 from seamkit.seams.study import seams_study
 from seamkit.seams.run import train_run
 kind, out, resume = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
-cfg = C.override(C.preset("cpu"), json.loads(sys.argv[4]))
+cfg = C.override(C.preset(sys.argv[5]), json.loads(sys.argv[4]))
 t = {}
-for name in ("load_arm", "restore_arm"):
-    f = getattr(R, name)
-    def timed(*a, f=f, name=name, **k):
-        t0 = time.perf_counter(); r = f(*a, **k); t[name] = t.get(name, 0) + time.perf_counter() - t0; return r
-    setattr(R, name, timed)
+def timed(f, name):
+    def g(*a, **k):
+        start = time.perf_counter(); r = f(*a, **k); t[name] = t.get(name, 0) + time.perf_counter() - start; return r
+    return g
+R.load_arm, A.load_arm = timed(R.load_arm, "load_arm"), timed(A.load_arm, "load_arm")  # both names it is called by
+RankLoop.restore = timed(RankLoop.restore, "restore_arm")
 def cb(e):
     if e["kind"] == "progress" and e["step"] > 0 and "first_step_s" not in t:
         t["first_step_s"] = time.perf_counter() - t0
@@ -59,18 +64,18 @@ print(json.dumps(t))
 """
 
 
-def child(kind: str, out: Path, resume: bool, overrides: dict) -> dict:
-    p = subprocess.run([sys.executable, "-c", CHILD, kind, str(out), "1" if resume else "0", json.dumps(overrides)],
-                       capture_output=True, text=True, cwd=ROOT, check=True)
+def child(kind: str, out: Path, resume: bool, overrides: dict, preset: str) -> dict:
+    p = subprocess.run([sys.executable, "-c", CHILD, kind, str(out), "1" if resume else "0", json.dumps(overrides),
+                        preset], capture_output=True, text=True, cwd=ROOT, check=True)
     return json.loads(p.stdout.strip().splitlines()[-1])
 
 
-def interrupted_run(kind: str, where: Path) -> Path:
+def interrupted_run(kind: str, where: Path, preset: str) -> Path:
     """One run stopped at step STOP_AT (a callback acting as Ctrl-C); returns its output path."""
     from seamkit import config as C
     from seamkit.seams.run import train_run
     from seamkit.seams.study import seams_study
-    cfg = C.override(C.preset("cpu"), {**OVERRIDES, "seams.repeats": 1, "seams.order": "sequential"})
+    cfg = C.override(C.preset(preset), {**OVERRIDES, "seams.repeats": 1, "seams.order": "sequential"})
 
     stopped = []
 
@@ -90,7 +95,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--pairs", type=int, default=5)
     ap.add_argument("--kinds", default="train,seams")
+    ap.add_argument("--preset", default="cpu", choices=("cpu", "seed", "tiny"))
     ap.add_argument("--out", default="bench/results/resume.json")
+    ap.add_argument("--note", default="fresh and resumed samples alternate",
+                    help="what the results file says about the machine (quiet, shared...)")
     args = ap.parse_args()
     from tqdm import tqdm
     overrides = {**OVERRIDES, "seams.repeats": 1, "seams.order": "sequential"}
@@ -100,13 +108,13 @@ def main() -> None:
         for kind in args.kinds.split(","):
             base = tmp / kind / "base"
             base.mkdir(parents=True)
-            src = interrupted_run(kind, base)
+            src = interrupted_run(kind, base, args.preset)
             fresh, resumed, restore = [], [], []
             for i in tqdm(range(args.pairs), desc=kind):
-                f = child(kind, tmp / kind / f"fresh{i}" / src.name, False, overrides)
+                f = child(kind, tmp / kind / f"fresh{i}" / src.name, False, overrides, args.preset)
                 copy = tmp / kind / f"resume{i}"
                 shutil.copytree(base, copy)
-                r = child(kind, copy / src.name, True, overrides)
+                r = child(kind, copy / src.name, True, overrides, args.preset)
                 fresh.append(f["first_step_s"])
                 resumed.append(r["first_step_s"])
                 restore.append(r.get("load_arm", 0.0) + r.get("restore_arm", 0.0))
@@ -124,9 +132,9 @@ def main() -> None:
         "what": __doc__.strip().splitlines()[0],
         "method": "each sample a new process, timed from the train_run/seams_study call to the first step's "
                   "progress event; fresh and resumed samples alternate; overhead = resumed - fresh, pairwise",
-        "preset": "cpu", "overrides": overrides, "stopped_at_step": STOP_AT,
+        "preset": args.preset, "overrides": overrides, "stopped_at_step": STOP_AT,
         "machine": {"platform": platform.platform(), "cores": __import__("os").cpu_count(),
-                    "note": "shared machine: other helpers' niced jobs ran beside this benchmark"},
+                    "note": args.note},
         "torch": torch.__version__, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "results": results,
     }

@@ -1,31 +1,34 @@
-"""Benchmark of the seams study (not a test). Three parts (`--part`):
+"""Benchmark of the seams study (not a test). Four parts (`--part`):
 
-threads  Quiet against busy: e2e tokens/s at the cpu preset for each thread setting (torch's
-         default 2 threads with OpenMP's default waiting, 2 threads with OMP_WAIT_POLICY=PASSIVE,
-         1 thread), each alone and beside one CPU-bound process this bench starts itself. The
-         settings run in a fresh process each (OpenMP reads its policy when torch loads), in a
-         shuffled order per round, quiet and busy back to back.
-order    The study itself (`seamkit.study`), interleaved against sequential, on a quiet machine and
-         with a CPU-bound process running for part of the run: the local/e2e tokens/s ratio of
-         each, and what interleaving costs in tokens/s.
+threads  Quiet against busy: e2e tokens/s for each thread setting (torch's default 2 threads with
+         OpenMP's default waiting, 2 threads with OMP_WAIT_POLICY=PASSIVE, 1 thread, GOMP spin
+         counts, seamkit's own default), each alone and beside one CPU-bound process this bench
+         starts itself. Every sample is a fresh process (OpenMP reads its policy when torch
+         loads) training the e2e chain; the settings run in a shuffled order per round, quiet
+         and busy back to back.
+order    The study itself (`seamkit.seams.study`), interleaved against sequential, on a quiet
+         machine and with a CPU-bound process running for part of the run: the local/e2e
+         tokens/s ratio of each, and what interleaving costs in tokens/s.
 switch   What taking turns costs, without the noise of separate processes: both arms in one pair
          of processes, phases of long slices (sequential-like) and of the study's short slices
          alternating; each arm's tokens/s in short-slice phases over the long ones around them.
 arms     MFU of e2e, then local/e2e throughput and memory, and where a step goes:
+         1. the e2e arm's MFU by the study's own path: FLOPs per token counted by FlopCounterMode
+            on one real training step (`seamkit.seams.per_token.arm_costs`), the matmul peak
+            measured in the same run (`seamkit.flops.matmul_peak`), and `seamkit.flops.mfu`;
+         2. local/e2e tokens/s from steps of every arm's chain interleaved in this process, and
+            local/e2e tokens/s and peak memory from budget runs, each arm on its own process
+            (`seamkit.seams.processes.run_arms`, placement single), so peak RSS is per arm; e2e
+            runs first and last, and ratios use the mean of the two (the machine may be shared);
+         3. where each arm's step goes: forward and backward per segment, the read-outs (head and
+            loss, both ways), the clip and the optimizer, from in-process steps.
 
-1. The e2e arm's MFU by the study's own path (seamkit.costs): FLOPs per token counted by
-   FlopCounterMode on one real training step (seamkit.seams.costs.arm_costs), the matmul peak
-   measured in the same run (seamkit.costs.matmul_peak), and seamkit.costs.mfu; for the same
-   tokens/s it is the figure the study's report gives.
-2. local/e2e tokens/s and peak-memory ratios for each objective and each seam count, every arm
-   in its own process (arms.run_arm_isolated) so peak RSS is per arm. e2e runs first and last;
-   ratios use the mean of the two (the machine may be shared).
-3. Where each arm's step time goes: forward and backward per segment, the heads (read-out and
-   loss, forward and backward), gradient clipping and the optimizer, from a few in-process steps.
+Every part trains the `--preset` config (cpu by default) with `--set` overrides.
 
-    python bench/seams.py --part threads --json bench/results/seams_threads.json
-    python bench/seams.py --part order --budget 20 --json bench/results/seams_order.json
-    python bench/seams.py --part switch --rounds-switch 3 --json bench/results/seams_switch.json
+    python bench/seams.py --part threads --steps 40 --rounds-threads 3 --json bench/results/seams_threads.json
+    python bench/seams.py --part threads --steps 40 --rounds-threads 3 --settings '2 threads, OpenMP default wait;1 thread;seamkit default (train.threads=0: cores not busy at start)' --json bench/results/seams_threads_auto.json
+    python bench/seams.py --part order --budget 20 --rounds-order 2 --busy-delay 8 --busy-seconds 20 --json bench/results/seams_order.json
+    python bench/seams.py --part switch --rounds-switch 8 --json bench/results/seams_switch.json
     python bench/seams.py --part arms --preset cpu --budget 25
 """
 
@@ -46,104 +49,107 @@ import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 from seamkit import config as C
 from seamkit import optim as OPT
-from seamkit.costs import matmul_peak, mfu
 from seamkit.data.load import load_corpus
 from seamkit.data.rows import RowLoader
-from seamkit.model import lm_loss, resolve_device
+from seamkit.flops import matmul_peak, mfu
+from seamkit.model import resolve_device
 from seamkit.report import atomic_write_text
-from seamkit.seams import arm as T
-from seamkit.seams import processes as A
 from seamkit.seams import study as S
-from seamkit.seams.costs import arm_costs
+from seamkit.seams import update as U
+from seamkit.seams.arm import ArmSpec
+from seamkit.seams.chain import Chain
+from seamkit.seams.per_token import arm_costs
+from seamkit.seams.placement import arm_segments
+from seamkit.seams.processes import run_arms
 
 
 def e2e_mfu(costs: dict, peak: dict, tokens_per_s: dict) -> dict:
     """The e2e arm's MFU for each throughput {label: tokens/s}: `arm_costs`' counted FLOPs per
-    token over `matmul_peak`, by `seamkit.costs.mfu`, as the study's report computes it."""
+    token over `matmul_peak`, by `seamkit.flops.mfu`, as the study's report computes it."""
     f = costs["e2e"]["flops_per_token"]
     return {label: {"tokens_per_s": tps, "flops_per_s": f * tps, "mfu": mfu(f, tps, peak["flops_per_s"])}
             for label, tps in tokens_per_s.items()}
 
 
+def chain_of(arm: str, cfg: C.RunConfig, corpus) -> Chain:
+    """The arm's training step in this process, as the study's one-process placement builds it."""
+    segs = arm_segments(cfg, arm)
+    return Chain(cfg, arm, segs, range(len(segs)), resolve_device(cfg.train.device), corpus)
+
+
+def loader_of(cfg: C.RunConfig, corpus) -> RowLoader:
+    return RowLoader(corpus, "train", cfg.data.batch, cfg.model.seq, cfg.train.seed)
+
+
+def base_config(args) -> C.RunConfig:
+    return C.override(C.preset(args.preset), C.parse_overrides(args.overrides))
+
+
 # ----------------------------------------------------------------------------- where the time goes
 
-def timed_step(a: T.Arm, x, y, grad_clip: float) -> dict:
-    """One training step of arm `a`, as train.train_step takes it, timed by phase (seconds).
+def timed_step(ch: Chain, loader: RowLoader, lr: float) -> dict:
+    """One training step of `ch`, as `Chain.step` takes it where no gradient comes late (e2e: one
+    segment; local: each segment backpropagates its own loss at once), timed by phase (seconds).
 
     Segment k's forward is split into its blocks and its read-out (head + loss); its backward
     into the read-out's part (until the gradient reaches the segment's output h_BTC, seen by a
-    hook) and the blocks' part. e2e is one segment.
+    hook) and the blocks' part.
     """
-    out, model, last = {}, a.model, len(a.segs) - 1
+    assert not (ch.policy.crosses and len(ch.segs) > 1), "timed by phase: e2e or local only"
+    x_BT, y_BT = loader.next()
+    out, h_BTC = {}, None
     t_step = time.perf_counter()
-    for k, blocks in enumerate(a.segs):
+    for k in ch.mine:
         t0 = time.perf_counter()
-        if k == 0:
-            h = model.embed(x)
-            ctx = model.context(x.shape[1], x.device, h.dtype)
-        else:
-            h = h.detach()
-        for b in blocks:
-            h = model.blocks[b](h, ctx)
-        t1 = time.perf_counter()
-        if k == last:
-            loss = lm_loss(model.head(model.norm(h)), y)
-        elif a.objective == "aux_head":
-            loss = lm_loss(a.heads[k](h), a.classes[y])
-        else:
-            loss = _readout(a, h, y)
+        with ch.autocast():
+            h_BTC = ch.run(k, x_BT if k == 0 else None, None if k == 0 else h_BTC.detach())
+            t1 = time.perf_counter()
+            loss = ch.loss(k, h_BTC, y_BT)
         t2 = time.perf_counter()
         reached = []
-        h.register_hook(lambda g: reached.append(time.perf_counter()))
+        h_BTC.register_hook(lambda g, reached=reached: reached.append(time.perf_counter()))
         loss.backward()
         t3 = time.perf_counter()
         out.update({f"seg{k} fwd blocks": t1 - t0, f"seg{k} fwd head+loss": t2 - t1,
                     f"seg{k} bwd head+loss": reached[0] - t2, f"seg{k} bwd blocks": t3 - reached[0]})
     t4 = time.perf_counter()
-    if grad_clip > 0:
-        for g in a.groups:
-            torch.nn.utils.clip_grad_norm_(g, grad_clip)
+    U.clip_each(ch.groups, ch.clip)  # one group for e2e: the global-norm clip
     t5 = time.perf_counter()
-    for opt in (a.opt, a.head_opt):
-        if opt is not None:
-            opt.step()
-            opt.zero_grad(set_to_none=True)
+    U.apply(ch.opts, lr)
     t6 = time.perf_counter()
     out.update({"clip": t5 - t4, "optimizer": t6 - t5, "step": t6 - t_step})
     return out
 
 
-def breakdowns(cfgs: dict, corpus, steps: int = 20, warmup: int = 5, seed: int = 0) -> dict:
-    """Mean seconds per phase for each arm {name: (arm, cfg)}, the arms' steps interleaved in a
-    random order each round (a shared machine's load falls on every arm alike)."""
-    import random
-    arms = {name: T.build_arm(arm, c, corpus) for name, (arm, c) in cfgs.items()}
-    loaders = {name: RowLoader(corpus, "train", c.data.batch, c.model.seq, c.train.seed)
-               for name, (_, c) in cfgs.items()}
-    totals = {name: {} for name in arms}
-    order, rng = list(arms), random.Random(seed)
-    for r in range(warmup + steps):
+def plain_step(ch: Chain, loader: RowLoader, lr: float) -> float:
+    """Seconds of one `Chain.step`, the batch's loading included."""
+    t = time.perf_counter()
+    ch.step(*loader.next(), lr)
+    return time.perf_counter() - t
+
+
+def interleave(cfgs: dict, corpus, step, rounds: int, warmup: int, seed: int = 0) -> dict:
+    """`step(chain, loader, lr)`'s value for each arm {name: (arm, cfg)} after `warmup` rounds,
+    the arms' steps interleaved in one process in a random order each round (a shared machine's
+    load falls on every arm alike): {name: [one value per round]}."""
+    chains = {name: chain_of(arm, c, corpus) for name, (arm, c) in cfgs.items()}
+    loaders = {name: loader_of(c, corpus) for name, (_, c) in cfgs.items()}
+    samples = {name: [] for name in chains}
+    order, rng = list(chains), random.Random(seed)
+    for r in range(warmup + rounds):
         rng.shuffle(order)
         for name in order:
-            x, y = loaders[name].next()
-            t = timed_step(arms[name], x, y, cfgs[name][1].train.grad_clip)
+            got = step(chains[name], loaders[name], OPT.lr_at(r, cfgs[name][1].train))
             if r >= warmup:
-                for k, v in t.items():
-                    totals[name][k] = totals[name].get(k, 0.0) + v / steps
-    return totals
+                samples[name].append(got)
+    return samples
 
 
-def _readout(a, h, y) -> torch.Tensor:
-    """detached_head / shared_head read-outs, as seams.segment_losses computes them."""
-    n = a.model.norm
-    if a.objective == "detached_head":
-        z = F.rms_norm(h, n.normalized_shape, n.weight.detach(), n.eps)
-        return lm_loss(F.linear(z, a.model.head.weight.detach()), y)
-    return lm_loss(a.model.head(n(h)), y)
+def mean_phases(samples: list[dict]) -> dict:
+    return {k: statistics.mean(s[k] for s in samples) for k in samples[0]}
 
 
 def summarize_breakdown(b: dict) -> dict:
@@ -161,31 +167,6 @@ def summarize_breakdown(b: dict) -> dict:
     return out
 
 
-# ----------------------------------------------------------------------------- throughput
-
-def interleaved_step_seconds(cfgs: dict, corpus, rounds: int = 12, warmup: int = 3, seed: int = 0) -> dict:
-    """Median seconds of one training step per arm, the arms' steps interleaved in one process
-    (a random order each round), so a shared machine's load falls on every arm alike."""
-    import random
-    arms = {name: T.build_arm(arm, c, corpus) for name, (arm, c) in cfgs.items()}
-    loaders = {name: RowLoader(corpus, "train", c.data.batch, c.model.seq, c.train.seed)
-               for name, (_, c) in cfgs.items()}
-    times = {name: [] for name in arms}
-    order, rng = list(arms), random.Random(seed)
-    for r in range(warmup + rounds):
-        rng.shuffle(order)
-        for name in order:
-            c = cfgs[name][1]
-            t = time.perf_counter()
-            x, y = loaders[name].next()
-            T.train_step(arms[name], x, y, OPT.lr_at(r, c.train), c.train.grad_clip)
-            if r >= warmup:
-                times[name].append(time.perf_counter() - t)
-    return {name: statistics.median(v) for name, v in times.items()}
-
-
-# ----------------------------------------------------------------------------- main
-
 def _table(rows: list[tuple]) -> str:
     widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
     out = ["| " + " | ".join(str(c).ljust(w) for c, w in zip(rows[0], widths)) + " |",
@@ -196,34 +177,31 @@ def _table(rows: list[tuple]) -> str:
 
 # ----------------------------------------------------------------------------- quiet against busy
 
-STEP_PROBE = """
-import sys, time, torch
-from seamkit import config as C
-from seamkit import optim as OPT
-from seamkit.seams import arm as T
-from seamkit.data.load import load_corpus
-from seamkit.data.rows import RowLoader
-threads, steps = int(sys.argv[1]), int(sys.argv[2])
-if threads < 0:  # seamkit's default: chosen at start from the other processes' load
-    from seamkit.threads import resolve_threads
-    threads = resolve_threads(0)
-if threads:
-    torch.set_num_threads(threads)
-cfg = C.cpu()
-corpus = load_corpus(cfg.data)
-a = T.build_arm("e2e", cfg, corpus)
-loader = RowLoader(corpus, "train", cfg.data.batch, cfg.model.seq, 0)
-for i in range(5):
-    T.train_step(a, *loader.next(), 1e-3, 1.0)
-t = time.perf_counter()
-for i in range(steps):
-    T.train_step(a, *loader.next(), 1e-3, 1.0)
-print(torch.get_num_threads(), steps * cfg.data.batch * cfg.model.seq / (time.perf_counter() - t))
-"""
 SETTINGS = {"2 threads, OpenMP default wait": (0, None), "2 threads, OMP_WAIT_POLICY=PASSIVE": (0, "PASSIVE"),
             "1 thread": (1, None), "2 threads, GOMP_SPINCOUNT=10000": (0, "spin:10000"),
             "2 threads, GOMP_SPINCOUNT=100000": (0, "spin:100000"),
             "seamkit default (train.threads=0: cores not busy at start)": (-1, None)}
+TARGET_QUIET = 7400.0  # the quiet 2-thread tokens/s at the cpu preset the default must stay within 5% of
+PROBE_THREADS: list[int] = []  # the thread count each probe ran with
+
+
+def probe_main(threads: int, steps: int, args) -> None:
+    """A probe's own process: e2e steps at `threads` (0: torch's default; -1: seamkit's, chosen
+    from the other processes' load); prints the threads used and the tokens/s."""
+    if threads < 0:
+        from seamkit.threads import resolve_threads
+        threads = resolve_threads(0)
+    if threads:
+        torch.set_num_threads(threads)
+    cfg = base_config(args)
+    corpus = load_corpus(cfg.data)
+    ch, loader = chain_of("e2e", cfg, corpus), loader_of(cfg, corpus)
+    for _ in range(5):
+        ch.step(*loader.next(), 1e-3)
+    t = time.perf_counter()
+    for _ in range(steps):
+        ch.step(*loader.next(), 1e-3)
+    print(torch.get_num_threads(), steps * cfg.data.batch * cfg.model.seq / (time.perf_counter() - t))
 
 
 def busy_neighbour(delay: float = 0.0, seconds: float = 1e9) -> subprocess.Popen:
@@ -232,24 +210,19 @@ def busy_neighbour(delay: float = 0.0, seconds: float = 1e9) -> subprocess.Popen
     return subprocess.Popen([sys.executable, "-c", code])
 
 
-def probe(threads: int, policy: str | None, steps: int) -> float:
+def probe(threads: int, policy: str | None, args) -> float:
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "SEAMKIT_THREADS",
                                                             "OMP_NUM_THREADS")}
     if policy and policy.startswith("spin:"):
         env["GOMP_SPINCOUNT"] = policy.split(":")[1]
     elif policy:
         env["OMP_WAIT_POLICY"] = policy
-    out = subprocess.run([sys.executable, "-c", STEP_PROBE, str(threads), str(steps)], env=env, check=True,
-                         capture_output=True, text=True)
+    sets = [a for kv in args.overrides for a in ("--set", kv)]
+    out = subprocess.run([sys.executable, __file__, "--probe", str(threads), str(args.steps), "--preset", args.preset,
+                          *sets], env=env, check=True, capture_output=True, text=True)
     used, tok_s = out.stdout.strip().splitlines()[-1].split()
     PROBE_THREADS.append(int(used))
     return float(tok_s)
-
-
-PROBE_THREADS: list[int] = []  # the thread count each probe ran with
-
-
-ISSUE_QUIET = 7400.0  # the quiet 2-thread tokens/s the default must stay within 5% of
 
 
 def threads_part(args) -> dict:
@@ -261,59 +234,64 @@ def threads_part(args) -> dict:
         rng.shuffle(names)
         for name in names:
             threads, policy = settings[name]
-            quiet = probe(threads, policy, args.steps)
+            quiet = probe(threads, policy, args)
             hog = busy_neighbour()
             try:
-                busy = probe(threads, policy, args.steps)
+                busy = probe(threads, policy, args)
             finally:
                 hog.kill()
                 hog.wait()
-            samples[name]["quiet"].append(quiet)
-            samples[name]["busy"].append(busy)
-            samples[name]["threads_quiet"].append(PROBE_THREADS[-2])
-            samples[name]["threads_busy"].append(PROBE_THREADS[-1])
+            s = samples[name]
+            s["quiet"].append(quiet)
+            s["busy"].append(busy)
+            s["threads_quiet"].append(PROBE_THREADS[-2])
+            s["threads_busy"].append(PROBE_THREADS[-1])
             print(f"round {r}: {name}: quiet {quiet:,.0f} tok/s ({PROBE_THREADS[-2]} threads), beside a busy "
                   f"process {busy:,.0f} ({PROBE_THREADS[-1]} threads)", flush=True)
-    base = statistics.median(samples["2 threads, OpenMP default wait"]["quiet"])
+    first = next(iter(samples))
+    base = statistics.median(samples.get("2 threads, OpenMP default wait", samples[first])["quiet"])
     rows = [("setting", "quiet tok/s", "busy tok/s", "busy/quiet", "quiet vs 2-thread default", "quiet vs 7.4k")]
     summary = {}
     for name, s in samples.items():
         q, b = statistics.median(s["quiet"]), statistics.median(s["busy"])
         summary[name] = {"quiet_median": q, "busy_median": b, "busy_over_quiet": b / q, "quiet_over_default": q / base,
-                         "quiet_over_issue_7400": q / ISSUE_QUIET}
-        rows.append((name, f"{q:,.0f}", f"{b:,.0f}", f"{b / q:.2f}", f"{q / base:.2f}", f"{q / ISSUE_QUIET:.2f}"))
+                         "quiet_over_issue_7400": q / TARGET_QUIET}
+        rows.append((name, f"{q:,.0f}", f"{b:,.0f}", f"{b / q:.2f}", f"{q / base:.2f}", f"{q / TARGET_QUIET:.2f}"))
     print(_table(rows))
     return {"samples": samples, "summary": summary, "steps_per_sample": args.steps}
 
 
 # ----------------------------------------------------------------------------- interleaved against sequential
 
+def order_run(cfg: C.RunConfig, busy: bool, args) -> dict:
+    """One study; "busy": a CPU-bound process runs from `busy_delay` s after it starts for
+    `busy_seconds` (in sequential order that is mostly the e2e arm's time)."""
+    hog = busy_neighbour(args.busy_delay, args.busy_seconds) if busy else None
+    try:
+        with tempfile.TemporaryDirectory() as d:
+            rep = S.seams_study(cfg, Path(d) / "seams.json", progress=False)
+    finally:
+        if hog:
+            hog.kill()
+            hog.wait()
+    e, lo = rep["arms"]["e2e"]["tokens_per_s"], rep["arms"]["local"]["tokens_per_s"]
+    return {"order": cfg.seams.order, "busy": busy, "e2e_tokens_per_s": e, "local_tokens_per_s": lo,
+            "ratio": lo / e, "slices": {a: rep["arms"][a].get("slices") for a in ("e2e", "local")}}
+
+
 def order_part(args) -> dict:
-    """Each run: the study (1 seed) with `--budget` s per arm; "busy": a CPU-bound process runs
-    from `busy_delay` s after the study starts for `busy_seconds` (in sequential order that is
-    mostly the e2e arm's time)."""
-    base = C.override(C.preset(args.preset), {"train.budget_seconds": args.budget, "seams.token_marks": 1,
-                                              "train.eval_tokens": 8192, "seams.repeats": 1})
-    runs = []
-    rng = random.Random(1)
+    """Each run: the study (1 seed) with `--budget` s per arm, quiet or busy, in a shuffled order per round."""
+    base = C.override(base_config(args), {"train.budget_seconds": args.budget, "seams.token_marks": 1,
+                                          "train.eval_tokens": 8192, "seams.repeats": 1})
+    runs, rng = [], random.Random(1)
     for r in range(args.rounds_order):
         cases = [(o, b) for o in C.ORDERS for b in (False, True)]
         rng.shuffle(cases)
         for order, busy in cases:
-            cfg = C.override(base, {"seams.order": order})
-            hog = busy_neighbour(args.busy_delay, args.busy_seconds) if busy else None
-            try:
-                with tempfile.TemporaryDirectory() as d:
-                    rep = S.seams_study(cfg, Path(d) / "seams.json", progress=False)
-            finally:
-                if hog:
-                    hog.kill()
-                    hog.wait()
-            e, lo = rep["arms"]["e2e"]["tokens_per_s"], rep["arms"]["local"]["tokens_per_s"]
-            runs.append({"round": r, "order": order, "busy": busy, "e2e_tokens_per_s": e, "local_tokens_per_s": lo,
-                         "ratio": lo / e, "slices": {a: rep["arms"][a].get("slices") for a in ("e2e", "local")}})
-            print(f"round {r}: {order:11s} {'busy' if busy else 'quiet'}: e2e {e:,.0f} tok/s, local {lo:,.0f}, "
-                  f"local/e2e {lo / e:.3f}", flush=True)
+            run = {"round": r, **order_run(C.override(base, {"seams.order": order}), busy, args)}
+            runs.append(run)
+            print(f"round {r}: {order:11s} {'busy' if busy else 'quiet'}: e2e {run['e2e_tokens_per_s']:,.0f} tok/s, "
+                  f"local {run['local_tokens_per_s']:,.0f}, local/e2e {run['ratio']:.3f}", flush=True)
 
     def med(order, busy, key):
         return statistics.median(x[key] for x in runs if x["order"] == order and x["busy"] == busy)
@@ -339,16 +317,15 @@ def order_part(args) -> dict:
 
 # ----------------------------------------------------------------------------- what switching costs
 
-def switch_worker(arm: str, mine, theirs, phases: list, threads: int, out) -> None:
+def switch_worker(arm: str, mine, theirs, phases: list, threads: int, cfg_dict: dict, out) -> None:
     """One arm in its own process, taking turns with the other: per phase, `total` training
     seconds in slices of `slice` seconds (the clock stops while the other arm trains)."""
     torch.set_num_threads(threads)
-    cfg = C.cpu()
+    cfg = C.from_dict(cfg_dict)
     corpus = load_corpus(cfg.data)
-    a = T.build_arm(arm, cfg, corpus)
-    loader = RowLoader(corpus, "train", cfg.data.batch, cfg.model.seq, 0)
+    ch, loader = chain_of(arm, cfg, corpus), loader_of(cfg, corpus)
     for _ in range(3):
-        T.train_step(a, *loader.next(), 1e-3, 1.0)
+        ch.step(*loader.next(), 1e-3)
     per_step = cfg.data.batch * cfg.model.seq
     results = []
     for slice_s, total in phases:
@@ -358,7 +335,7 @@ def switch_worker(arm: str, mine, theirs, phases: list, threads: int, out) -> No
             mine.clear()
             t0 = time.perf_counter()
             while time.perf_counter() - t0 < min(slice_s, total - seconds):
-                T.train_step(a, *loader.next(), 1e-3, 1.0)
+                ch.step(*loader.next(), 1e-3)
                 steps += 1
             seconds += time.perf_counter() - t0
             theirs.set()
@@ -373,7 +350,8 @@ def switch_part(args) -> dict:
     processes run every phase, so what differs between processes (memory placement, the thread
     count) cancels; only what taking turns costs (caches the other arm evicted, the hand-over) remains."""
     import multiprocessing as mp
-    short = C.cpu().seams.slice_seconds
+    cfg = base_config(args)
+    short = cfg.seams.slice_seconds
     phases = []
     for _ in range(args.rounds_switch):
         phases += [(args.long_slice, args.long_slice), (short, args.long_slice)]
@@ -382,7 +360,7 @@ def switch_part(args) -> dict:
     ev = {a: ctx.Event() for a in ("e2e", "local")}
     out = ctx.Queue()
     threads = args.threads or torch.get_num_threads()
-    procs = [ctx.Process(target=switch_worker, args=(a, ev[a], ev[b], phases, threads, out))
+    procs = [ctx.Process(target=switch_worker, args=(a, ev[a], ev[b], phases, threads, cfg.to_dict(), out))
              for a, b in (("e2e", "local"), ("local", "e2e"))]
     for pr in procs:
         pr.start()
@@ -401,15 +379,107 @@ def switch_part(args) -> dict:
     return {"phases": phases, "threads": threads, "per_arm": got, "summary": summary}
 
 
-def main(argv=None) -> int:
+# ----------------------------------------------------------------------------- the arms
+
+def budget_run(arm: str, c: C.RunConfig, threads: int) -> dict:
+    """One budget run of `arm` alone on a process of its own (placement single, `threads` threads)."""
+    results, _ = run_arms({arm: ArmSpec(arm, c, C.Placement("single"), threads)})
+    res = results[arm]
+    mem = res.peak_vram_bytes if res.peak_vram_bytes is not None else res.peak_rss_bytes
+    r = {"steps": res.steps, "tokens_per_s": res.tokens_per_s, "final_loss": res.final_loss, "mem": mem,
+         "mem_train": mem - res.rss_start_bytes if res.peak_vram_bytes is None else mem}
+    label = f"{arm} {c.seams.objective} {c.seams.seams}" if arm == "local" else arm
+    print(f"  budget run {label}: {r['steps']} steps, {r['tokens_per_s']:,.0f} tok/s, final loss "
+          f"{r['final_loss']:.4f}, peak {r['mem'] / 2**20:.0f} MiB (+{r['mem_train'] / 2**20:.0f} MiB "
+          f"during training)", flush=True)
+    return r
+
+
+def ratio_table(local_runs: dict, e2e_runs: list, steps: dict) -> str:
+    """local over e2e per (objective, seams): interleaved and budget-run tokens/s, memory, final loss."""
+    def e2e_mean(key):
+        return statistics.mean(r[key] for r in e2e_runs)
+    rows = [("objective", "seams", "tok/s local/e2e (interleaved)", "tok/s local/e2e (budget run)",
+             "peak RSS local/e2e", "RSS growth in training local/e2e", "final loss local (e2e)")]
+    for (o, n), r in local_runs.items():
+        rows.append((o, n, f"{steps['e2e'] / steps[(o, n)]:.2f}x",
+                     f"{r['tokens_per_s'] / e2e_mean('tokens_per_s'):.2f}x",
+                     f"{r['mem'] / e2e_mean('mem'):.2f}x", f"{r['mem_train'] / e2e_mean('mem_train'):.2f}x",
+                     f"{r['final_loss']:.3f} ({e2e_mean('final_loss'):.3f})"))
+    return _table(rows)
+
+
+def breakdown_part(args, cfg: C.RunConfig, local_cfgs: dict, corpus) -> dict:
+    """Where a step goes, for e2e and local at the first and last seam count of each objective."""
+    seams = args.seams.split(",")
+    wanted = {"e2e": ("e2e", cfg)}
+    for o in args.objectives.split(","):
+        for n in sorted({seams[0], seams[-1]}, key=int):
+            wanted[f"local {o}, {n} seams"] = ("local", local_cfgs[(o, n)])
+    print(f"\nwhere a step goes (ms per step, mean of {args.breakdown_steps} interleaved in-process steps after 5 "
+          "warm-up steps):")
+    parts = {name: mean_phases(s) for name, s in interleave(wanted, corpus, timed_step, args.breakdown_steps, 5).items()}
+    kinds = ["fwd blocks", "bwd blocks", "heads", "clip", "optimizer", "other", "step"]
+    print(_table([("arm", *kinds)] + [(name, *(f"{1e3 * summarize_breakdown(b)[k]:.1f}" for k in kinds))
+                                      for name, b in parts.items()]))
+    print("\nper segment (ms): fwd blocks / fwd head+loss / bwd head+loss / bwd blocks")
+    for name, b in parts.items():
+        segs = sorted({k.split()[0] for k in b if k.startswith("seg")}, key=lambda s: int(s[3:]))
+        cells = [f"{s}: " + " / ".join(f"{1e3 * b[f'{s} {p}']:.1f}" for p in
+                                        ("fwd blocks", "fwd head+loss", "bwd head+loss", "bwd blocks")) for s in segs]
+        print(f"  {name}: " + "; ".join(cells))
+    return parts
+
+
+def arms_part(args) -> dict:
+    cfg = C.override(base_config(args), {"train.budget_seconds": args.budget, "train.threads": args.threads})
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
+    threads = torch.get_num_threads()
+    corpus = load_corpus(cfg.data)
+    local_cfgs = {(o, n): C.override(cfg, {"seams.objective": o, "seams.seams": n})
+                  for o in args.objectives.split(",") for n in args.seams.split(",")}
+    costs = arm_costs(cfg, corpus)  # the study's count: one real training step per arm
+    peak = matmul_peak(resolve_device(cfg.train.device))
+    print(f"preset {args.preset}: {cfg.model}, batch {cfg.data.batch}; torch threads {threads}; "
+          f"matmul {peak['flops_per_s'] / 1e9:.1f} GFLOP/s ({peak['matmul']})", flush=True)
+    cfgs = {"e2e": ("e2e", cfg), **{k: ("local", c) for k, c in local_cfgs.items()}}
+    steps = {k: statistics.median(v) for k, v in interleave(cfgs, corpus, plain_step, args.rounds, 3).items()}
+    print(f"interleaved: median step e2e {steps['e2e'] * 1e3:.1f} ms", flush=True)
+    e2e_runs = [budget_run("e2e", cfg, threads)]
+    local_runs = {k: budget_run("local", c, threads) for k, c in local_cfgs.items()}
+    e2e_runs.append(budget_run("e2e", cfg, threads))
+    f = costs["e2e"]["flops_per_token"]
+    mfus = e2e_mfu(costs, peak, {"interleaved median step": cfg.data.batch * cfg.model.seq / steps["e2e"],
+                                 "budget runs (mean of first and last)":
+                                     statistics.mean(r["tokens_per_s"] for r in e2e_runs)})
+    print()
+    for label, m in mfus.items():
+        print(f"e2e MFU, {label}: {m['tokens_per_s']:,.0f} tok/s x {f / 1e6:.2f} MFLOP/token "
+              f"(counted, one training step) = {m['flops_per_s'] / 1e9:.2f} GFLOP/s = {m['mfu']:.1%} of the "
+              "measured matmul")
+    tps = ", ".join(f"{r['tokens_per_s']:,.0f}" for r in e2e_runs)
+    losses = ", ".join(f"{r['final_loss']:.4f}" for r in e2e_runs)
+    print(f"e2e budget runs (first, last): {tps} tok/s; final loss {losses}\n")
+    print(ratio_table(local_runs, e2e_runs, steps))
+    parts = breakdown_part(args, cfg, local_cfgs, corpus)
+    return {"matmul_peak": peak, "costs": costs, "e2e_mfu": mfus,
+            "interleaved_step_s": {str(k): v for k, v in steps.items()}, "e2e": e2e_runs,
+            "local": [{"objective": o, "seams": n, **r} for (o, n), r in local_runs.items()], "breakdown": parts}
+
+
+# ----------------------------------------------------------------------------- main
+
+def parse(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--part", choices=("threads", "order", "switch", "arms"), default="arms")
-    ap.add_argument("--preset", default="cpu")
+    ap.add_argument("--preset", default="cpu", choices=sorted(C.PRESETS))
+    ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     ap.add_argument("--budget", type=float, default=20.0, help="seconds per arm in the budget runs")
-    ap.add_argument("--seams", default="1,3,7", help="seam counts to try")
+    ap.add_argument("--seams", default="1,3,7", help="arms: seam counts to try")
     ap.add_argument("--objectives", default=",".join(C.OBJECTIVES))
     ap.add_argument("--threads", type=int, default=0, help="torch threads everywhere (0: torch's default)")
-    ap.add_argument("--rounds", type=int, default=12, help="interleaved steps per arm")
+    ap.add_argument("--rounds", type=int, default=12, help="arms: interleaved steps per arm")
     ap.add_argument("--breakdown-steps", type=int, default=20)
     ap.add_argument("--steps", type=int, default=40, help="threads: timed steps per sample")
     ap.add_argument("--rounds-threads", type=int, default=3)
@@ -422,105 +492,23 @@ def main(argv=None) -> int:
     ap.add_argument("--json", help="also write the results here")
     ap.add_argument("--note", default="'quiet' means no busy process of this bench's own",
                     help="what the results file says about the machine (quiet, shared...)")
-    args = ap.parse_args(argv)
-    if args.part in ("threads", "order", "switch"):
-        out = {"threads": threads_part, "order": order_part, "switch": switch_part}[args.part](args)
-        if args.json:
-            Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-            atomic_write_text(Path(args.json), json.dumps({
-                "command": shlex.join(["python", "bench/seams.py", *(argv if argv is not None else sys.argv[1:])]),
-                "machine": {"platform": platform.platform(), "cores": os.cpu_count(), "processor": platform.processor()},
-                "torch": torch.__version__, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
-                "conditions": args.note,
-                **out}, indent=2) + "\n")
+    ap.add_argument("--probe", nargs=2, type=int, help=argparse.SUPPRESS)  # a threads sample's own process
+    return ap.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse(argv)
+    if args.probe:
+        probe_main(*args.probe, args)
         return 0
-
-    cfg = C.override(C.preset(args.preset), {"train.budget_seconds": args.budget, "train.threads": args.threads})
-    if args.threads > 0:
-        torch.set_num_threads(args.threads)
-    corpus = load_corpus(cfg.data)
-    local_cfgs = {(o, n): C.override(cfg, {"seams.objective": o, "seams.seams": n})
-                  for o in args.objectives.split(",") for n in args.seams.split(",")}
-    tokens_per_step = cfg.data.batch * cfg.model.seq
-    costs = arm_costs(cfg, corpus)  # the study's count: one real training step per arm
-    flops_per_token = costs["e2e"]["flops_per_token"]
-    peak = matmul_peak(resolve_device(cfg.train.device))
-    print(f"preset {args.preset}: {cfg.model}, batch {cfg.data.batch}; torch threads {torch.get_num_threads()}; "
-          f"matmul {peak['flops_per_s'] / 1e9:.1f} GFLOP/s ({peak['matmul']})", flush=True)
-
-    # 1. throughput, interleaved in one process
-    steps = interleaved_step_seconds({"e2e": ("e2e", cfg), **{k: ("local", c) for k, c in local_cfgs.items()}},
-                                     corpus, rounds=args.rounds)
-    print(f"interleaved: median step e2e {steps['e2e'] * 1e3:.1f} ms", flush=True)
-
-    # 2. budget runs, each arm in its own process (peak RSS per arm)
-    def budget_run(name, c):
-        res, _ = A.run_arm_isolated(name, c)
-        mem = res.peak_vram_bytes if res.peak_vram_bytes is not None else res.peak_rss_bytes
-        r = {"steps": res.steps, "tokens_per_s": res.tokens_per_s, "final_loss": res.final_loss, "mem": mem,
-             "mem_train": mem - res.rss_start_bytes if res.peak_vram_bytes is None else mem}
-        label = f"{name} {c.seams.objective} {c.seams.seams}" if name == "local" else name
-        print(f"  budget run {label}: {r['steps']} steps, {r['tokens_per_s']:,.0f} tok/s, final loss "
-              f"{r['final_loss']:.4f}, peak {r['mem'] / 2**20:.0f} MiB (+{r['mem_train'] / 2**20:.0f} MiB "
-              f"during training)", flush=True)
-        return r
-    e2e_runs = [budget_run("e2e", cfg)]
-    local_runs = {k: budget_run("local", c) for k, c in local_cfgs.items()}
-    e2e_runs.append(budget_run("e2e", cfg))
-
-    def e2e_mean(key):
-        return statistics.mean(r[key] for r in e2e_runs)
-
-    e2e_tps_interleaved = tokens_per_step / steps["e2e"]
-    print()
-    mfus = e2e_mfu(costs, peak, {"interleaved median step": e2e_tps_interleaved,
-                                 "budget runs (mean of first and last)": e2e_mean("tokens_per_s")})
-    for label, m in mfus.items():
-        print(f"e2e MFU, {label}: {m['tokens_per_s']:,.0f} tok/s x {flops_per_token / 1e6:.2f} MFLOP/token "
-              f"(counted, one training step) = {m['flops_per_s'] / 1e9:.2f} GFLOP/s = {m['mfu']:.1%} of the "
-              "measured matmul")
-    tps = ", ".join(f"{r['tokens_per_s']:,.0f}" for r in e2e_runs)
-    losses = ", ".join(f"{r['final_loss']:.4f}" for r in e2e_runs)
-    print(f"e2e budget runs (first, last): {tps} tok/s; final loss {losses}")
-    print()
-    rows = [("objective", "seams", "tok/s local/e2e (interleaved)", "tok/s local/e2e (budget run)",
-             "peak RSS local/e2e", "RSS growth in training local/e2e", "final loss local (e2e)")]
-    for (o, n), r in local_runs.items():
-        rows.append((o, n, f"{steps['e2e'] / steps[(o, n)]:.2f}x",
-                     f"{r['tokens_per_s'] / e2e_mean('tokens_per_s'):.2f}x",
-                     f"{r['mem'] / e2e_mean('mem'):.2f}x", f"{r['mem_train'] / e2e_mean('mem_train'):.2f}x",
-                     f"{r['final_loss']:.3f} ({e2e_mean('final_loss'):.3f})"))
-    print(_table(rows))
-
-    # 3. where the time goes
-    print()
-    print(f"where a step goes (ms per step, mean of {args.breakdown_steps} interleaved in-process steps after 5 "
-          "warm-up steps):")
-    n_last = args.seams.split(",")[-1]
-    wanted = {"e2e": ("e2e", cfg)}
-    for o in args.objectives.split(","):
-        for n in sorted({args.seams.split(",")[0], n_last}, key=int):
-            wanted[f"local {o}, {n} seams"] = ("local", local_cfgs[(o, n)])
-    parts = breakdowns(wanted, corpus, args.breakdown_steps)
-    kinds = ["fwd blocks", "bwd blocks", "heads", "clip", "optimizer", "other", "step"]
-    print(_table([("arm", *kinds)] + [(name, *(f"{1e3 * summarize_breakdown(b)[k]:.1f}" for k in kinds))
-                                      for name, b in parts.items()]))
-    print()
-    print("per segment (ms): fwd blocks / fwd head+loss / bwd head+loss / bwd blocks")
-    for name, b in parts.items():
-        segs = sorted({k.split()[0] for k in b if k.startswith("seg")}, key=lambda s: int(s[3:]))
-        cells = [f"{s}: " + " / ".join(f"{1e3 * b[f'{s} {p}']:.1f}" for p in
-                                        ("fwd blocks", "fwd head+loss", "bwd head+loss", "bwd blocks")) for s in segs]
-        print(f"  {name}: " + "; ".join(cells))
+    out = {"threads": threads_part, "order": order_part, "switch": switch_part, "arms": arms_part}[args.part](args)
     if args.json:
-        drop = ("loss_curve_segments",)
-        Path(args.json).write_text(json.dumps({
-            "matmul_peak": peak, "costs": costs, "e2e_mfu": mfus,
-            "interleaved_step_s": {str(k): v for k, v in steps.items()},
-            "e2e": [{k: v for k, v in r.items() if k not in drop} for r in e2e_runs],
-            "local": [{"objective": o, "seams": n, **{k: v for k, v in r.items() if k not in drop}}
-                      for (o, n), r in local_runs.items()],
-            "breakdown": parts}, indent=2, default=str))
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(Path(args.json), json.dumps({
+            "command": shlex.join(["python", "bench/seams.py", *(argv if argv is not None else sys.argv[1:])]),
+            "machine": {"platform": platform.platform(), "cores": os.cpu_count(), "processor": platform.processor()},
+            "torch": torch.__version__, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+            "conditions": args.note, **out}, indent=2, default=str) + "\n")
     return 0
 
 

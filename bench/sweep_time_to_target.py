@@ -49,7 +49,11 @@ def gather(sweep_dir: Path) -> list[dict]:
 
 
 def _ci(s, digits: int) -> str:
-    return f"{s['mean']:.{digits}f} [{s['ci95'][0]:.{digits}f}, {s['ci95'][1]:.{digits}f}]" if s and s["ci95"] else "-"
+    """The mean with its 95% interval (one seed: the mean alone)."""
+    if not s:
+        return "-"
+    ci = f" [{s['ci95'][0]:.{digits}f}, {s['ci95'][1]:.{digits}f}]" if s["ci95"] else ""
+    return f"{s['mean']:.{digits}f}{ci}"
 
 
 def main(argv=None) -> int:

@@ -16,8 +16,10 @@ from __future__ import annotations
 import torch.nn as nn
 
 
-def compile_model(model: nn.Module, mode: str | None = None) -> nn.Module:
-    """Compile each of `model.blocks` in place (shapes are fixed per run: dynamic=False); returns model."""
+def compile_model(model: nn.Module, mode: str | None = None, backend: str = "inductor") -> nn.Module:
+    """Compile each of `model.blocks` in place (shapes are fixed per run: dynamic=False); returns model.
+    `backend`: torch.compile's; "aot_eager" captures the same graphs and runs them with aten's kernels,
+    no code generated (a test of the capture that costs no C++ build)."""
     for block in model.blocks:
-        block.compile(mode=mode, dynamic=False)
+        block.compile(backend=backend, mode=mode, dynamic=False)
     return model

@@ -194,20 +194,24 @@ class BudgetLoop:
                 "lr_final": run["lr_final"], "points": list(run["points"]), "n_points": len(run["points"]),
                 "marks_j": self.marks.j, "last": self.last, "wall_clock_dependent": run["wall_clock_dependent"]}
 
+    def _emit(self, event: dict) -> None:
+        with self.clock.paused():  # a callback's time is no training time
+            self.emit(event)
+
     def _point(self, p: dict) -> None:
         self.run["points"].append(p)
         if self.emit is not None:
-            self.emit({"kind": "point", "index": len(self.run["points"]) - 1, **p})
+            self._emit({"kind": "point", "index": len(self.run["points"]) - 1, **p})
 
     def _progress(self) -> None:
         if self.emit is None:
             return
         run, e = self.run, self.run["elapsed_s"]
-        self.emit({"kind": "progress", "step": run["steps"], "elapsed_s": e, "tokens": run["steps"] * self.per_step,
-                   "loss": self.last["loss"] if self.last else None,
-                   "tokens_per_s": run["steps"] * self.per_step / e if e > 0 else 0.0,
-                   "fraction": min(1.0, max(e / self.budget,
-                                            run["steps"] / self.tc.max_steps if self.tc.max_steps else 0.0))})
+        self._emit({"kind": "progress", "step": run["steps"], "elapsed_s": e, "tokens": run["steps"] * self.per_step,
+                    "loss": self.last["loss"] if self.last else None,
+                    "tokens_per_s": run["steps"] * self.per_step / e if e > 0 else 0.0,
+                    "fraction": min(1.0, max(e / self.budget,
+                                             run["steps"] / self.tc.max_steps if self.tc.max_steps else 0.0))})
 
     def stepped(self, step: int, t0: float, lr: float, losses: list[float]) -> None:
         """A finished step: `losses` are its segments' training losses (the last is the model's)."""

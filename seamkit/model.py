@@ -6,8 +6,8 @@ output projections with bias, a GELU MLP dim -> mlp_mult*dim -> dim with bias, a
 weight-only RMSNorm. Parameters: 2*vocab*dim + n_blocks*(12*dim^2 + 11*dim) + dim.
 
 Blocks are a plain `nn.ModuleList` so a seam can cut between any two (seams.cuts), and the
-pieces of a block are attributes so the pruned step (prune.py) can run them on subsets of
-positions. Two attention forms:
+pieces of a block are attributes so the pruned steps (pruning.rules, pruning.bitwise) can run
+them on subsets of positions. Two attention forms:
 - rows: plain causal attention over (B, T) rows of joined documents;
 - windows: document-causal attention over one packed window; a position attends only to
   earlier positions of its own document, and RoPE uses its position inside the document.

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from seamkit import HEADLESS_ENV
-from seamkit.config import SeamkitError, override
+from seamkit.config import ConfigError, SeamkitError, override
 from seamkit.config import preset as make_preset
 from seamkit.report import atomic_write_text, load_report
 
@@ -111,19 +111,32 @@ def write_figures(figures: dict, out_dir, prefix: str = "") -> list[Path]:
     return paths
 
 
+def _declared(parameters: dict, notebooks: list[Path]) -> list[dict]:
+    """For each notebook, the `parameters` its parameters cell declares; one that no notebook
+    declares is a ConfigError (papermill would hand it to the kernel, where nothing reads it)."""
+    import papermill as pm
+    declared = [set(pm.inspect_notebook(str(nb))) if nb.exists() else set() for nb in notebooks]
+    unknown = [k for k in parameters if not any(k in d for d in declared)]
+    if unknown:
+        raise ConfigError(f"notebook parameter {unknown[0]!r} is declared by none of "
+                          f"{', '.join(nb.name for nb in notebooks)}")
+    return [{k: v for k, v in parameters.items() if k in d} for d in declared]
+
+
 def reproduce(preset: str = "cpu", out_dir=Path("reports"), overrides: dict | None = None,
-              notebooks=NOTEBOOKS, echo: bool = True) -> Summary:
+              notebooks=NOTEBOOKS, echo: bool = True, parameters: dict | None = None) -> Summary:
     """Run both notebooks headless into `out_dir`; returns what was written (prints as a summary).
 
-    `overrides` (config keys, as `config.override` takes them) go to both notebooks.
+    `overrides` (config keys, as `config.override` takes them) go to both notebooks; `parameters`
+    (notebook parameters beyond those `reproduce` sets) each to the notebooks that declare it.
     """
     overrides = dict(overrides or {})
     cfg = override(make_preset(preset), overrides)  # a bad key or value fails here, before any kernel starts
-    from seamkit.pruning.study import summary_table as pruning_table
+    notebooks = Path(notebooks)
+    extra = _declared(parameters or {}, [notebooks / SEAMS_NB, notebooks / PRUNING_NB])
     from seamkit.seams.arm import checkpoint_path
-    from seamkit.seams.report import summary_table as seams_table
     from seamkit.ui.plots import pruning_figures, seams_figures
-    out_dir, notebooks, cwd = Path(out_dir).resolve(), Path(notebooks), Path.cwd()
+    out_dir, cwd = Path(out_dir).resolve(), Path.cwd()
     common = {"preset": preset, "out_dir": str(out_dir), "overrides": overrides, "interactive": False}
     t0 = time.perf_counter()
     seconds = {}
@@ -137,7 +150,7 @@ def reproduce(preset: str = "cpu", out_dir=Path("reports"), overrides: dict | No
         f"{cfg.prune.windows} windows x {cfg.prune.samples} samples; writing {out_dir}")
     say(f"[1/2] {notebooks / SEAMS_NB}")
     t = time.perf_counter()
-    seams_nb = run_notebook(notebooks / SEAMS_NB, out_dir / SEAMS_NB, common, cwd=cwd, echo=echo)
+    seams_nb = run_notebook(notebooks / SEAMS_NB, out_dir / SEAMS_NB, {**extra[0], **common}, cwd=cwd, echo=echo)
     seconds["seams"] = time.perf_counter() - t
     seams_path = out_dir / "seams.json"
     seams = load_report(seams_path, "seams")
@@ -148,19 +161,29 @@ def reproduce(preset: str = "cpu", out_dir=Path("reports"), overrides: dict | No
     ckpt = checkpoint_path(seams_path, "e2e")
     say(f"[2/2] {notebooks / PRUNING_NB} on {ckpt}")
     t = time.perf_counter()
-    pruning_nb = run_notebook(notebooks / PRUNING_NB, out_dir / PRUNING_NB, {**common, "checkpoint": str(ckpt)},
-                              cwd=cwd, echo=echo)
+    pruning_nb = run_notebook(notebooks / PRUNING_NB, out_dir / PRUNING_NB,
+                              {**extra[1], **common, "checkpoint": str(ckpt)}, cwd=cwd, echo=echo)
     seconds["pruning"] = time.perf_counter() - t
     pruning_path = out_dir / "pruning.json"
     pruning = load_report(pruning_path, "pruning")
     figures += write_figures(pruning_figures(pruning), out_dir / "figures", "pruning_")
     seconds["total"] = time.perf_counter() - t0
 
+    return _summary(preset, out_dir, seconds, (seams_path, seams, seams_nb), (pruning_path, pruning, pruning_nb),
+                    ckpt, figures)
+
+
+def _summary(preset: str, out_dir: Path, seconds: dict, seams: tuple, pruning: tuple, ckpt: Path,
+             figures: list[Path]) -> Summary:
+    """What `reproduce` wrote; `seams` and `pruning`: each study's (report path, report, executed notebook)."""
+    from seamkit.pruning.report import summary_table as pruning_table
+    from seamkit.seams.report import summary_table as seams_table
+    (seams_path, seams_rep, seams_nb), (pruning_path, pruning_rep, pruning_nb) = seams, pruning
     text = "\n".join([
         f"seamkit reproduce (preset {preset}) finished in {seconds['total']:.0f} s "
         f"(seams {seconds['seams']:.0f} s, pruning {seconds['pruning']:.0f} s)",
-        "", f"seams study: {seams_path}", seams_table(seams),
-        "", f"pruning study: {pruning_path}", pruning_table(pruning),
+        "", f"seams study: {seams_path}", seams_table(seams_rep),
+        "", f"pruning study: {pruning_path}", pruning_table(pruning_rep),
         "", f"notebooks: {seams_nb}, {pruning_nb}",
         f"figures: {out_dir / 'figures'}/ ({len(figures)} HTML files, open offline)",
     ])
@@ -168,5 +191,6 @@ def reproduce(preset: str = "cpu", out_dir=Path("reports"), overrides: dict | No
                    pruning_report=str(pruning_path), checkpoint=str(ckpt),
                    notebooks=[str(seams_nb), str(pruning_nb)], figures=[str(p) for p in figures],
                    seconds={k: round(v, 1) for k, v in seconds.items()},
-                   status={"seams": seams.get("status", "complete"), "pruning": pruning.get("status", "complete")},
+                   status={"seams": seams_rep.get("status", "complete"),
+                           "pruning": pruning_rep.get("status", "complete")},
                    text=text)

@@ -28,10 +28,16 @@ def reproduced(tmp_path_factory):
     tests/test_notebooks.py)."""
     from seamkit.reproduce import reproduce
     out = tmp_path_factory.mktemp("reproduce") / "reports"
-    return out, reproduce(preset="tiny", out_dir=out, overrides=REPRODUCE_TINY, echo=False)
+    return out, reproduce(preset="tiny", out_dir=out, overrides=REPRODUCE_TINY, parameters=REPRODUCE_PARAMETERS,
+                          echo=False)
 
 
-REPRODUCE_TINY = {"train.budget_seconds": 2.0, "prune.windows": 1, "prune.samples": 1}
+# the smallest run that still runs every cell: one device (nothing to calibrate), one window and
+# sample, the eager pruning reference (the one inductor compile is tests/pruning/test_reference.py's),
+# the forecast at N=1 alone
+REPRODUCE_TINY = {"train.budget_seconds": 1.0, "seams.devices": 1, "prune.windows": 1, "prune.samples": 1,
+                  "prune.warmup": 0, "prune.reference": "eager"}
+REPRODUCE_PARAMETERS = {"forecast_devices": "1"}
 
 
 def default_sigint() -> None:

@@ -1,3 +1,6 @@
+"""checkpoint: atomic, plain-data checkpoints named by a hash of their tensors; every way a file
+can be unusable is one line naming it. What the trainers write: tests/seams/test_arm.py."""
+
 import os
 import random
 
@@ -23,6 +26,8 @@ def _trained(cfg, steps=2, seed=0):
 
 
 def test_round_trip(tmp_path):
+    """Planted fault this catches: an optimizer state or data position not saved; an id that
+    depends on more than the tensors."""
     cfg = C.tiny()
     model, opt = _trained(cfg)
     path = tmp_path / "source.pt"
@@ -45,6 +50,7 @@ def test_round_trip(tmp_path):
 
 
 def test_missing_and_directory(tmp_path):
+    """Planted fault this catches: torch's own traceback for a missing file or a folder."""
     with pytest.raises(ck.CheckpointError, match=r"nope\.pt does not exist"):
         ck.load(tmp_path / "nope.pt")
     with pytest.raises(ck.CheckpointError, match="is a directory"):
@@ -52,6 +58,7 @@ def test_missing_and_directory(tmp_path):
 
 
 def test_truncated_is_one_line(tmp_path):
+    """Planted fault this catches: a half-written file's unpickling error shown as a traceback."""
     cfg = C.tiny()
     model, opt = _trained(cfg, steps=1)
     path = tmp_path / "c.pt"
@@ -64,7 +71,8 @@ def test_truncated_is_one_line(tmp_path):
 
 
 def test_flipped_tensor_bytes_are_caught(tmp_path):
-    """Tensors changed behind the id's back (here: saved with a stale id) fail the hash check."""
+    """Tensors changed behind the id's back (here: saved with a stale id) fail the hash check. Planted
+    fault this catches: load() trusting the stored id."""
     cfg = C.tiny()
     model, opt = _trained(cfg, steps=1)
     path = tmp_path / "c.pt"
@@ -77,6 +85,7 @@ def test_flipped_tensor_bytes_are_caught(tmp_path):
 
 
 def test_mismatched_model(tmp_path):
+    """Planted fault this catches: load_state_dict's size-mismatch traceback instead of the field that differs."""
     cfg = C.tiny()
     model, opt = _trained(cfg, steps=1)
     path = tmp_path / "c.pt"
@@ -87,6 +96,7 @@ def test_mismatched_model(tmp_path):
 
 
 def test_not_a_checkpoint(tmp_path):
+    """Planted fault this catches: any torch file taken as a checkpoint (a KeyError later)."""
     path = tmp_path / "x.pt"
     torch.save({"hello": 1}, path)
     with pytest.raises(ck.CheckpointError, match="not a seamkit checkpoint"):
@@ -97,6 +107,7 @@ def test_not_a_checkpoint(tmp_path):
 
 
 def test_atomic_write_leaves_nothing_on_failure(tmp_path, monkeypatch):
+    """Planted fault this catches: writing in place (Ctrl-C mid-write leaves half a checkpoint)."""
     cfg = C.tiny()
     model, opt = _trained(cfg, steps=1)
     path = tmp_path / "c.pt"
@@ -134,7 +145,8 @@ class _Creates:
 
 
 def test_crafted_pickle_is_refused_before_it_runs(tmp_path):
-    """A checkpoint whose pickle would create a file: refused in one line, and no file appears."""
+    """A checkpoint whose pickle would create a file: refused in one line, and no file appears.
+    Planted fault this catches: torch.load without weights_only."""
     target = tmp_path / "pwned"
     path = tmp_path / "evil.pt"
     torch.save({"format": ck.FORMAT, "id": "s0", "config": {}, "model": {}, "optimizer": None, "step": 0,
@@ -148,7 +160,8 @@ def test_crafted_pickle_is_refused_before_it_runs(tmp_path):
 
 
 def test_old_format_is_refused_as_unsafe(tmp_path):
-    """A format-1 checkpoint (numpy arrays in its pickle) is refused, saying it is an old unsafe format."""
+    """A format-1 checkpoint (numpy arrays in its pickle) is refused, saying it is an old unsafe
+    format. Planted fault this catches: numpy's globals allowed to unpickle."""
     cfg = C.tiny()
     model, opt = _trained(cfg, steps=1)
     path = tmp_path / "old.pt"
@@ -160,7 +173,8 @@ def test_old_format_is_refused_as_unsafe(tmp_path):
 
 
 def test_rng_state_round_trips_as_plain_data(tmp_path):
-    """The RNG state survives a safe save/load: the same draws follow in torch, Python and numpy."""
+    """The RNG state survives a safe save/load: the same draws follow in torch, Python and numpy.
+    Planted fault this catches: numpy's state saved without its position (other draws after a resume)."""
     path = _saved(tmp_path)[-1]
     draws = (torch.rand(3), random.random(), np.random.standard_normal(3))  # after the state was saved
     ck.set_rng_state(ck.load(path)["rng"])
@@ -168,19 +182,9 @@ def test_rng_state_round_trips_as_plain_data(tmp_path):
     assert torch.equal(draws[0], again[0]) and draws[1] == again[1] and np.array_equal(draws[2], again[2])
 
 
-@pytest.mark.parametrize("arm,objective", [("e2e", "aux_head"), ("local", "aux_head"), ("local", "shared_head")])
-def test_every_checkpoint_the_trainers_write_loads(tmp_path, arm, objective):
-    """What run_arm writes (aux heads, their optimizer, classes, loader state) loads with weights_only."""
-    from seamkit.seams.arm import run_arm
-    cfg = C.override(C.tiny(), {"train.max_steps": 2, "seams.objective": objective})
-    path = tmp_path / f"{arm}.pt"
-    result = run_arm(arm, cfg, checkpoint_path=path)
-    ckpt = ck.load(path)
-    assert ck.ref(path, ckpt["id"]) == result.checkpoint and ckpt["step"] == 2
-    assert ckpt["data"] == {"epoch": 0, "position": 2 * cfg.data.batch * cfg.model.seq}
-
-
 def test_override_that_contradicts_the_checkpoint_names_the_field(tmp_path):
+    """Planted fault this catches: an override that contradicts the checkpoint's model taken silently
+    (a shape error deep in the run), or a restated one refused."""
     cfg, _, _, path = _saved(tmp_path)
     for ov in ({"model.dim": "64"}, {"dim": 64}, {"train.seed": 3, "model.n_blocks": 2}):
         with pytest.raises(ck.CheckpointError) as e:

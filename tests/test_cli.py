@@ -1,20 +1,32 @@
+"""The `seamkit` command and the torchrun entry of one arm (`python -m seamkit.seams.launch`): user
+errors are one line (a bad value, a flag's choice, a number that is not one, an output that
+cannot be written, more devices than cores), found before any work."""
+
 import argparse
-import importlib
 import json
+import os
+import signal
 import subprocess
 import sys
 
 import pytest
+import torch
 
+from seamkit import checkpoint as ck
 from seamkit import cli
+from seamkit import config as C
 from seamkit.cli import main
+from seamkit.model import GPT
+from seamkit.seams import launch
+from seamkit.threads import usable_cores
+from tests.config.test_fields import BAD, FLOATS
 from tests.conftest import REFERENCE
-from tests.test_config import BAD, FLOATS
 
-launch = importlib.import_module("seamkit.seams.pipeline.launch")  # the package exports a function of that name
+LAUNCH = "torchrun ... -m seamkit.seams.launch"
 
 
 def test_info_seed_matches_reference_bytes(capsys):
+    """Planted fault this catches: the traffic bytes of the seed preset drifting from the reference report's."""
     assert main(["info", "--preset", "seed", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     ref = json.loads((REFERENCE / "seams_report.json").read_text())
@@ -24,6 +36,7 @@ def test_info_seed_matches_reference_bytes(capsys):
 
 
 def test_user_errors_are_one_line(capsys):
+    """Planted fault this catches: a ConfigError reaching the user as a traceback."""
     assert main(["info", "--set", "model.dim=130"]) == 2
     err = capsys.readouterr().err
     assert err.strip() == "seamkit info: error: model.dim=130 is not divisible by model.n_heads=8"
@@ -32,10 +45,23 @@ def test_user_errors_are_one_line(capsys):
 
 
 def test_python_dash_m_entry_point():
+    """Planted fault this catches: `python -m seamkit` without its __main__."""
     out = subprocess.run([sys.executable, "-m", "seamkit", "info", "--preset", "tiny"], capture_output=True,
                          text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "params" in out.stdout and "Traceback" not in out.stderr
+
+
+def test_more_devices_than_cores_is_one_line_before_any_work(tmp_path, capsys):
+    """`seamkit seams --devices 3` on a 2-core machine. Planted fault this catches: the devices
+    resolved after the output folders were made, or not refused (ranks sharing a core)."""
+    n = usable_cores()
+    out = tmp_path / "r" / "s.json"
+    assert main(["seams", "--preset", "tiny", "--devices", str(n + 1), "--set", "train.device=cpu",
+                 "--out", str(out)]) == 2
+    assert one_line(capsys) == (f"seamkit seams: error: seams.devices={n + 1}: this machine has {n} usable core(s), "
+                                f"and on a CPU each device is a core; ask for at most {n}")
+    assert list(tmp_path.iterdir()) == []
 
 
 # ----------------------------------------------------------------------------- numbers that are not numbers
@@ -49,31 +75,60 @@ def one_line(capsys) -> str:
 @pytest.mark.parametrize("key, value", BAD, ids=[f"{k}={v!r}" for k, v in BAD])
 def test_set_refuses_non_finite_and_out_of_range(key, value, capsys):
     """Every float field at nan, inf and -inf, and every ranged field just outside its range,
-    through `--set` (`info` builds the config and exits)."""
+    through `--set` (`info` builds the config and exits). Planted fault this catches: a field whose
+    range is not checked on the command line."""
     assert main(["info", "--preset", "tiny", "--set", f"{key}={value!r}"]) == 2
     line = one_line(capsys)
     assert line.startswith(f"seamkit info: error: {key}={value!r} is out of range: must be "), line
 
 
+def _launch_main(argv, monkeypatch) -> int:
+    """The torchrun entry in this process, as rank 0 of one (it ends by os._exit: caught here)."""
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "1")
+
+    def exit_(code):
+        raise SystemExit(code)
+    monkeypatch.setattr(os, "_exit", exit_)
+    previous = signal.getsignal(signal.SIGINT)
+    try:
+        launch.main(argv)
+    except SystemExit as e:
+        return e.code
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    raise AssertionError("the entry did not exit")
+
+
 @pytest.mark.parametrize("value", ["nan", "inf", "-inf", "-1"])
-@pytest.mark.parametrize("entry", ["train", "seams", "pipeline"])
-def test_budget_flag_refuses_what_never_ends(entry, value, tmp_path, capsys):
+@pytest.mark.parametrize("entry", ["train", "seams", "launch"])
+def test_budget_flag_refuses_what_never_ends(entry, value, tmp_path, capsys, monkeypatch):
+    """Planted fault this catches: a flag that writes the config past its validation (a run that
+    never ends, or an output folder before the refusal)."""
     out = tmp_path / "out"
-    if entry == "pipeline":
-        assert launch.main(["--preset", "tiny", "--stages", "2", f"--budget={value}", "--out", str(out)]) == 2
+    if entry == "launch":
+        assert _launch_main(["--preset", "tiny", f"--budget={value}", "--out", str(out)], monkeypatch) == 2
     else:
         assert main([entry, "--preset", "tiny", f"--budget={value}", "--out", str(out)]) == 2
     assert f"train.budget_seconds={float(value)!r} is out of range" in one_line(capsys)
     assert not out.exists()
 
 
+def test_the_launch_entry_outside_torchrun_is_one_line(monkeypatch, capsys):
+    """Planted fault this catches: the entry waiting for a rendezvous that never comes."""
+    monkeypatch.delenv("RANK", raising=False)
+    assert launch.main(["--preset", "tiny"]) == 2
+    assert one_line(capsys).startswith("seamkit.seams.launch: error: run it under torchrun")
+
+
 def test_the_float_fields_the_walk_finds():
+    """Planted fault this catches: a walk that finds no fields (every range test passes vacuously)."""
     assert {"train.lr", "train.beta1", "train.budget_seconds", "model.rope_base", "seams.slice_seconds"} <= set(FLOATS)
 
 
 # ----------------------------------------------------------------------------- every flag with a choice list
 
-PARSERS = {"seamkit": (cli.parser, main), "python -m seamkit.seams.pipeline": (launch.parser, launch.main)}
+PARSERS = {"seamkit": (cli.parser, main), LAUNCH: (launch.parser, launch.main)}
 
 
 def _actions(ap: argparse.ArgumentParser, path: tuple = ()):
@@ -110,7 +165,8 @@ CHOICES = _cases(lambda a: a.choices is not None)
 
 @pytest.mark.parametrize("prog, path, action", CHOICES)
 def test_a_value_outside_a_choice_list_is_one_line(prog, path, action, capsys):
-    """Every action with `choices` (subcommands included), in every subparser of both commands."""
+    """Every action with `choices` (subcommands included), in every subparser of both commands.
+    Planted fault this catches: argparse's multi-line usage error."""
     assert "invalid choice" in _run_bad(prog, path, action, "nosuch", capsys)
 
 
@@ -119,18 +175,90 @@ TYPED = _cases(lambda a: a.type in (int, float))
 
 @pytest.mark.parametrize("prog, path, action", TYPED)
 def test_a_value_of_the_wrong_type_is_one_line(prog, path, action, capsys):
+    """Planted fault this catches: argparse's multi-line usage error."""
     assert f"invalid {action.type.__name__} value" in _run_bad(prog, path, action, "x1", capsys)
 
 
 def test_the_walk_reaches_every_subcommand():
+    """Planted fault this catches: a walk that misses subparsers (their flags untested)."""
     names = {" ".join(p.values[1]) for p in CHOICES}
     assert {"", "data", "seams", "train", "prune-check", "sweep"} <= names
-    assert any(p.values[2].dest == "schedule" for p in CHOICES if p.values[1] == ("seams",))
-    assert any(p.values[0] != "seamkit" for p in CHOICES)
+    assert any(p.values[2].dest == "calibration" for p in CHOICES if p.values[1] == ("seams",))
+    assert any(p.values[0] == LAUNCH and p.values[2].dest == "arm" for p in CHOICES)
 
 
-def test_the_schedule_flag_as_a_user_runs_it():
-    out = subprocess.run([sys.executable, "-m", "seamkit", "seams", "--preset", "tiny", "--schedule", "nosuch"],
+def test_a_choice_flag_as_a_user_runs_it():
+    """Planted fault this catches: the one-line parser left out of the installed command."""
+    out = subprocess.run([sys.executable, "-m", "seamkit", "seams", "--preset", "tiny", "--calibration", "nosuch"],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr
-    assert out.stderr.startswith("seamkit seams: error: argument --pipeline-schedule/--schedule: invalid choice")
+    assert out.stderr.startswith("seamkit seams: error: argument --calibration: invalid choice")
+
+
+# ----------------------------------------------------------------------------- outputs checked before any work
+
+linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="uses /dev/full and /proc")
+
+
+@pytest.fixture
+def no_work(monkeypatch):
+    """Every study entry point, replaced by one that records that it was reached."""
+    import seamkit.data.tokenfiles
+    import seamkit.pruning.study
+    import seamkit.reproduce
+    import seamkit.seams.run
+    import seamkit.seams.study
+    reached = []
+    # where the CLI looks them up when it runs: `seamkit seams` calls seams.study.seams_study
+    for mod, name in ((seamkit.seams.run, "train_run"), (seamkit.seams.study, "seams_study"),
+                      (seamkit.pruning.study, "prune_check"), (seamkit.reproduce, "reproduce"),
+                      (seamkit.data.tokenfiles, "prepare")):
+        monkeypatch.setattr(mod, name, lambda *a, name=name, **k: reached.append(name))
+    return reached
+
+
+@pytest.fixture
+def tiny_checkpoint(tmp_path):
+    cfg = C.tiny()
+    model = GPT(cfg.model)
+    path = tmp_path / "tiny.pt"
+    ck.save(path, model, torch.optim.AdamW(model.parameters()), cfg)
+    return path
+
+
+@linux_only
+@pytest.mark.parametrize("argv,words", [
+    (["train", "--out", "/dev/full/x"], "/dev/full is not a directory"),
+    (["seams", "--out", "/proc/seamkit.json"], "cannot write /proc/seamkit.json"),
+    (["seams", "--out", "/dev/full"], "not a regular file"),
+    (["reproduce", "--out", "/proc/seamkit"], "cannot write /proc/seamkit"),
+    (["data", "prepare", "--corpus", "x.txt", "--out", "/dev/full/d"], "/dev/full is not a directory"),
+])
+def test_unwritable_output_stops_before_work(argv, words, no_work, capsys):
+    """Planted fault this catches: an output found unwritable only when the study ends."""
+    assert main([*argv[:1], *(["--preset", "tiny"] if argv[0] != "data" else []), *argv[1:]]) == 2
+    err = capsys.readouterr().err
+    assert words in err and err.count("\n") == 1, err
+    assert no_work == []
+
+
+@linux_only
+def test_prune_check_output_and_override(tiny_checkpoint, no_work, capsys):
+    """Planted fault this catches: an override contradicting the checkpoint found after the work started."""
+    base = ["prune-check", "--preset", "tiny", "--checkpoint", str(tiny_checkpoint)]
+    assert main([*base, "--out", "/proc/pruning.json"]) == 2
+    assert "cannot write /proc/pruning.json" in capsys.readouterr().err
+    assert main([*base, "--set", "model.dim=64", "--out", str(tiny_checkpoint.parent / "unused.json")]) == 2
+    err = capsys.readouterr().err
+    assert err.strip() == (f"seamkit prune-check: error: --set model.dim=64 contradicts checkpoint {tiny_checkpoint}, "
+                           f"which has model.dim=32; drop the override or use another checkpoint")
+    assert no_work == []
+
+
+@linux_only
+def test_command_line_has_no_traceback(tmp_path):
+    """Planted fault this catches: an OutputError escaping main() as a traceback."""
+    out = subprocess.run([sys.executable, "-m", "seamkit", "seams", "--preset", "tiny", "--out",
+                          "/proc/seamkit.json"], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert out.stderr.strip().startswith("seamkit seams: error: cannot write /proc/seamkit.json")

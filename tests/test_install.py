@@ -1,5 +1,6 @@
-"""Installable: a built wheel, installed into a fresh venv, trains the tiny preset from another directory;
-a checkout made without symlinks reads the shipped corpus.
+"""Installable: a built wheel holds the package data the library reads (the corpus, the notebooks,
+the committed calibrations) as files, and, installed into a fresh venv, trains the tiny preset from
+another directory; a checkout made without symlinks reads the shipped corpus.
 
 The fresh venv gets seamkit only from the wheel; its dependencies (torch and the rest) come from
 this interpreter's site-packages through a .pth file, so the test downloads nothing. A .pth
@@ -13,6 +14,7 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -32,7 +34,8 @@ def wheel(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("wheel")
     src = out / "src"  # a clean copy: no build/ or egg-info left in the checkout, none stale read from it
     src.mkdir()
-    for name in ("pyproject.toml", "README.md", "seamkit", "data"):
+    # seamkit/corpora and seamkit/notebooks hold links into data/ and notebooks/: the wheel stores their targets
+    for name in ("pyproject.toml", "README.md", "seamkit", "data", "notebooks"):
         copy = shutil.copytree if (ROOT / name).is_dir() else shutil.copy2
         copy(ROOT / name, src / name, **({"symlinks": True, "ignore": shutil.ignore_patterns("__pycache__")}
                                           if copy is shutil.copytree else {}))
@@ -45,6 +48,20 @@ def wheel(tmp_path_factory) -> Path:
     return next(out.glob("seamkit-*.whl"))
 
 
+def test_wheel_holds_the_package_data(wheel):
+    """What seamkit/ links to in a checkout (notebooks/, data/) travels in the wheel as the files
+    themselves, beside the committed calibrations.
+
+    Planted fault this catches: a package-data pattern that misses a file (pyproject.toml's
+    [tool.setuptools.package-data]), or a link stored as a link."""
+    with zipfile.ZipFile(wheel) as z:
+        for nb in sorted((ROOT / "notebooks").glob("*.ipynb")):
+            assert z.read(f"seamkit/notebooks/{nb.name}") == nb.read_bytes(), nb.name
+        assert z.read("seamkit/corpora/wordnet.jsonl.gz") == (ROOT / "data" / "wordnet.jsonl.gz").read_bytes()
+        assert json.loads(z.read("seamkit/calibrations.json")) == json.loads((ROOT / "seamkit" /
+                                                                             "calibrations.json").read_text())
+
+
 def test_wheel_installs_and_trains_from_another_directory(wheel, tmp_path):
     venv = tmp_path / "venv"
     _run([sys.executable, "-m", "venv", "--without-pip", venv], cwd=tmp_path)
@@ -55,9 +72,10 @@ def test_wheel_installs_and_trains_from_another_directory(wheel, tmp_path):
 
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    where = _run([py, "-c", "import seamkit, seamkit.data.documents as d; print(seamkit.__file__); print(d.SHIPPED['wordnet'])"],
-                 cwd=elsewhere).split()
-    assert all(Path(p).is_relative_to(site / "seamkit") for p in where), where  # the wheel's code and corpus
+    code = ("import seamkit, seamkit.data.documents as d, seamkit.reproduce as r, seamkit.seams.calibration as k; "
+            "print(seamkit.__file__); print(d.SHIPPED['wordnet']); print(r.NOTEBOOKS / r.SEAMS_NB); print(k.COMMITTED)")
+    where = _run([py, "-c", code], cwd=elsewhere).split()
+    assert all(Path(p).is_relative_to(site / "seamkit") and Path(p).is_file() for p in where), where
     _run([venv / "bin" / "seamkit", "train", "--preset", "tiny", "--max-steps", "2", "--threads", "1",
           "--out", "run"], cwd=elsewhere)
     summary = json.loads((elsewhere / "run" / "summary.json").read_text())

@@ -11,6 +11,7 @@ MiB = 2 ** 20
 
 @pytest.mark.skipif(M.rss_bytes() is None, reason="no /proc/self/status here")
 def test_reset_restarts_the_peak_and_growth_is_over_the_baseline():
+    """Planted fault this catches: a reset that leaves the peak (VmHWM) where it was."""
     big = np.ones(300 * MiB // 8)  # touched: 300 MiB resident
     del big
     before = M.peak_rss_bytes()

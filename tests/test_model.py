@@ -53,6 +53,8 @@ def _grad_wrt_embeddings(model, idx, out_pos, **kw):
 
 
 def test_causality_through_gradients():
+    """Planted fault this catches: attention without its causal mask (an output then has a gradient
+    from later inputs)."""
     model = _tiny()
     T = 12
     idx = torch.randint(0, model.cfg.vocab, (1, T))
@@ -63,6 +65,7 @@ def test_causality_through_gradients():
 
 
 def test_document_masking_through_gradients():
+    """Planted fault this catches: a window's mask that is causal only (documents see each other)."""
     model = _tiny()
     doc = torch.tensor([[0, 0, 0, 1, 1, 1, 1, 2, 2, 2]])
     pos = torch.tensor([[0, 1, 2, 0, 1, 2, 3, 0, 1, 2]])
@@ -75,7 +78,10 @@ def test_document_masking_through_gradients():
 
 
 def test_window_equals_documents_run_alone():
-    """A packed window gives each document the logits it gets on its own (RoPE in-document)."""
+    """A packed window gives each document the logits it gets on its own (RoPE in-document).
+
+    Planted fault this catches: the causal mask in place of the document mask (a document then
+    attends to the ones before it)."""
     model = _tiny()
     docs = [torch.randint(0, 258, (n,)) for n in (4, 7, 3)]
     idx = torch.cat(docs)[None]

@@ -1,7 +1,9 @@
 """The notebooks: committed without outputs, thin, and runnable under papermill with tiny parameters.
 
-The papermill runs start a kernel each (seconds) and train/check at the tiny preset; their
-reports must carry every key of the reference reports (tests/reference/).
+They are read where the library reads them, seamkit/notebooks/ (package data: links to notebooks/
+in a checkout, the files themselves in a wheel). The papermill runs start a kernel each (seconds)
+and train/check at the tiny preset; their reports must carry every key of the reference reports
+(tests/reference/).
 """
 
 import json
@@ -11,22 +13,24 @@ import nbformat
 import pytest
 
 from seamkit.report import load_report
+from seamkit.reproduce import NOTEBOOKS
 from seamkit.seams.arm import checkpoint_path
-from tests.conftest import REFERENCE
+from tests.conftest import REFERENCE, REPRODUCE_TINY, ROOT
 
-NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 ALL = sorted(NOTEBOOKS.glob("*.ipynb"))
 PARAMETERS = {
     "01_seams.ipynb": {"preset", "budget_seconds", "objective", "arms", "devices", "placement", "seams", "seed",
-                       "repeats", "order", "out_dir", "overrides", "interactive"},
+                       "repeats", "order", "out_dir", "overrides", "interactive", "forecast_devices"},
     "02_pruning.ipynb": {"preset", "checkpoint", "windows", "samples", "policy", "dtype", "out_dir", "overrides",
                          "interactive"},
-    "03_sweep.ipynb": {"sweep_dir", "x", "series", "interactive"},  # run under papermill in tests/test_sweep.py
+    "03_sweep.ipynb": {"sweep_dir", "x", "series", "interactive"},  # run under papermill in tests/sweep/test_plots.py
 }
 
 
-def test_both_notebooks_exist():
-    assert [p.name for p in ALL] == sorted(PARAMETERS)
+def test_every_notebook_is_package_data():
+    """seamkit/notebooks/ holds every notebook of notebooks/, and nothing else."""
+    assert [p.name for p in ALL] == sorted(PARAMETERS) == sorted(p.name for p in (ROOT / "notebooks").glob("*.ipynb"))
+    assert all(p.resolve() == (ROOT / "notebooks" / p.name).resolve() for p in ALL)
 
 
 @pytest.mark.parametrize("path", ALL, ids=lambda p: p.name)
@@ -84,7 +88,8 @@ def test_seams_notebook_under_papermill(reproduced):
     report = load_report(out / "seams.json", "seams")
     ref = json.loads((REFERENCE / "seams_report.json").read_text())
     assert _keys(ref, report) == []
-    assert report["status"] == "complete" and report["preset"] == "tiny" and report["budget_seconds"] == 2.0
+    assert report["status"] == "complete" and report["preset"] == "tiny"
+    assert report["budget_seconds"] == REPRODUCE_TINY["train.budget_seconds"]
     assert checkpoint_path(out / "seams.json", "e2e").exists()
     _small_outputs(executed)
     text = executed.read_text()

@@ -1,8 +1,10 @@
 import copy
 import hashlib
 import json
+import math
 
 import pytest
+import torch
 
 from seamkit import report as R
 from tests.conftest import REFERENCE, SHARED_REFERENCE
@@ -89,3 +91,51 @@ def test_provenance_fields():
     prov = R.provenance(C.tiny())
     assert {"schema_version", "seamkit_version", "torch_version", "git_commit", "machine", "run_config"} <= set(prov)
     assert prov["run_config"]["model"]["dim"] == C.tiny().model.dim
+
+
+# ----------------------------------------------------------------------------- refused before a byte is written
+
+NON_FINITE = [math.nan, math.inf, -math.inf]
+# (object with a non-finite number planted at PLACE, its key path): every container JSON writes
+PLACES = [
+    (lambda x: {"final_loss": x}, "final_loss"),
+    (lambda x: {"arms": {"e2e": {"loss_curve": [1.0, 2.0, x]}}}, "arms.e2e.loss_curve[2]"),
+    (lambda x: {"points": [{"ok": 1}, {"seconds": (0.5, x)}]}, "points[1].seconds[1]"),
+    (lambda x: {"val": torch.tensor(x)}, "val"),
+    (lambda x: [x], "[0]"),
+]
+
+
+@pytest.mark.parametrize("value", NON_FINITE)
+@pytest.mark.parametrize("make, where", PLACES, ids=[w for _, w in PLACES])
+def test_json_with_a_non_finite_number_is_refused_before_a_byte(make, where, value, tmp_path):
+    """Planted fault this catches: json.dump's NaN/Infinity written (a file no JSON reader
+    loads), or the check made after the folders or a temporary were created."""
+    path = tmp_path / "new" / "deeper" / "summary.json"
+    with pytest.raises(R.ReportError) as e:
+        R.write_json(path, make(value))
+    msg = str(e.value)
+    assert "\n" not in msg and str(path) in msg and f"{where} is {value}" in msg, msg
+    assert list(tmp_path.iterdir()) == []  # neither the file, a temporary, nor the folders it would have made
+
+    path.parent.mkdir(parents=True)
+    R.write_json(path, {"final_loss": 1.0})
+    before = path.read_bytes()
+    with pytest.raises(R.ReportError):
+        R.write_json(path, make(value))
+    assert path.read_bytes() == before and [p.name for p in path.parent.iterdir()] == ["summary.json"]
+
+
+def test_an_invalid_report_names_its_file(tmp_path):
+    path = tmp_path / "reports" / "pruning.json"
+    with pytest.raises(R.ReportError, match=f"not writing {path}: pruning report: status: missing"):
+        R.write_report(path, {"checks": []})
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_failed_atomic_write_removes_the_folders_it_made(tmp_path):
+    (tmp_path / "kept").mkdir()
+    with pytest.raises(KeyboardInterrupt), R.atomic_file(tmp_path / "kept" / "a" / "b" / "x.pt", "wb") as f:
+        f.write(b"half")
+        raise KeyboardInterrupt
+    assert [p.name for p in tmp_path.iterdir()] == ["kept"] and list((tmp_path / "kept").iterdir()) == []

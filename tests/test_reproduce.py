@@ -10,6 +10,7 @@ from seamkit import config as C
 from seamkit.cli import main
 from seamkit.report import load_report
 from seamkit.reproduce import NOTEBOOKS, NotebookError, reproduce, run_notebook
+from tests.conftest import REPRODUCE_TINY
 
 
 def test_reproduce_writes_notebooks_reports_and_offline_figures(reproduced):
@@ -21,7 +22,7 @@ def test_reproduce_writes_notebooks_reports_and_offline_figures(reproduced):
         assert "widgets" not in nb["metadata"]
     seams = load_report(out / "seams.json", "seams")
     pruning = load_report(out / "pruning.json", "pruning")
-    assert seams["budget_seconds"] == 2.0 and seams["preset"] == "tiny"
+    assert seams["budget_seconds"] == REPRODUCE_TINY["train.budget_seconds"] and seams["preset"] == "tiny"
     assert pruning["checkpoint"] == seams["checkpoints"]["e2e"]  # 02 ran on the checkpoint 01 left
 
     figures = sorted((out / "figures").glob("*.html"))
@@ -63,4 +64,7 @@ def test_bad_override_fails_before_any_kernel(tmp_path, capsys):
                  "--set", "train.max_steps=0"]) == 2
     err = capsys.readouterr().err.strip()
     assert err == "seamkit reproduce: error: train.budget_seconds or train.max_steps must be positive"
+    with pytest.raises(C.ConfigError, match="notebook parameter 'wings' is declared by none of 01_seams.ipynb, "
+                                            "02_pruning.ipynb"):
+        reproduce(preset="tiny", out_dir=tmp_path, parameters={"wings": 2}, echo=False)
     assert not list(tmp_path.iterdir())

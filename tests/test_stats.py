@@ -1,5 +1,6 @@
-"""stats.py: the one summary of repeated measurements (the seams study's aggregate and the sweep's
-grid points), its exact Student t quantile, and the two times to a target loss."""
+"""seamkit.stats: the one summary of repeated measurements (the seams study's aggregate and the
+sweep's grid points: tests/sweep/test_stats.py holds the sweep to it), its exact Student t quantile,
+and the two times to a target loss."""
 
 import math
 
@@ -11,7 +12,6 @@ from seamkit.stats import (
     t_quantile,
     train_curve_time_to_target,
 )
-from seamkit.sweep.stats import aggregate
 
 # two-sided 95% Student t quantiles t_{0.975, df}, from any printed t table
 T_TABLE = {1: 12.7062, 2: 4.3027, 3: 3.1824, 4: 2.7764, 5: 2.5706, 10: 2.2281, 30: 2.0423, 39: 2.0227, 60: 2.0003}
@@ -35,25 +35,6 @@ def test_more_than_31_values_use_the_exact_t_quantile():
     s = stats(xs)
     half = (s["ci95"][1] - s["ci95"][0]) / 2
     assert half / (s["std"] / math.sqrt(40)) == pytest.approx(T_TABLE[39], abs=1e-4)
-
-
-def _report(e2e_loss: float, local_loss: float) -> dict:
-    arm = {"tokens_per_s": 100.0, "loss_curve": [5.0, 3.0], "loss_curve_elapsed_s": [0.0, 9.0]}
-    return {"arms": {"e2e": {**arm, "final_loss": e2e_loss}, "local": {**arm, "final_loss": local_loss}},
-            "local_over_e2e": {"tokens_per_s": 1.0}}
-
-
-@pytest.mark.parametrize("n", [3, 40])
-def test_a_sweep_grid_point_and_the_study_aggregate_give_the_same_interval(n):
-    losses = [3.0 + 0.1 * math.sin(k) for k in range(n)]
-    plan = {"study": "seams", "preset": "tiny", "grid": {"seams": [1]}, "seeds": list(range(n)), "overrides": {}}
-    points = [{"id": f"seed={k}", "study": "seams", "dir": "", "grid": {"seams": 1}, "seed": k, "status": "complete",
-               "error": None, "seconds": 1.0, "report": _report(2.0, v)} for k, v in enumerate(losses)]
-    sweep = aggregate(plan, points)
-    got = sweep["aggregate"][0]["figures"]["local_final_loss"]
-    assert got == stats(losses)  # what seams.report's aggregate holds for these final losses
-    half = (got["ci95"][1] - got["ci95"][0]) / 2
-    assert half / (got["std"] / math.sqrt(n)) == pytest.approx(T_TABLE[n - 1], abs=1e-4)
 
 
 def test_held_out_time_to_target_interpolates_in_time_order():

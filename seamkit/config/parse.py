@@ -15,6 +15,7 @@ Which placements fit a given budget and config is `seams.placement`'s to say.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from seamkit.config.fields import ConfigError
@@ -29,10 +30,15 @@ def parse_seams(spec: str | int | list, n_blocks: int) -> list[int]:
     """Seam positions (block indices a seam follows) from "all", a count "3", or "1,3,5".
 
     A count k spreads k seams evenly; "none" or "0" gives no seam. Seams after the last
-    block are meaningless and rejected.
+    block are meaningless and rejected. Each distinct spec is parsed once (`_seams`).
     """
+    return list(_seams(tuple(spec) if isinstance(spec, list) else spec, n_blocks))
+
+
+@functools.lru_cache(maxsize=256)
+def _seams(spec, n_blocks: int) -> tuple[int, ...]:
     bad = f"seams.seams={spec!r}: expected 'all', a count, or block indices like '1,3,5'"
-    if isinstance(spec, list):
+    if isinstance(spec, tuple):
         seams = [int(s) for s in spec]
     else:
         spec = str(spec).strip().lower()
@@ -58,7 +64,7 @@ def parse_seams(spec: str | int | list, n_blocks: int) -> list[int]:
         raise ConfigError(f"seams {seams} must be increasing and distinct")
     if seams and (seams[0] < 0 or seams[-1] > n_blocks - 2):
         raise ConfigError(f"seams {seams}: a seam must follow one of blocks 0..{n_blocks - 2}")
-    return seams
+    return tuple(seams)
 
 
 def segments(seams: list[int], n_blocks: int) -> list[list[int]]:
@@ -67,6 +73,7 @@ def segments(seams: list[int], n_blocks: int) -> list[list[int]]:
     return [list(range(bounds[k] + 1, bounds[k + 1] + 1)) for k in range(len(bounds) - 1)]
 
 
+@functools.lru_cache(maxsize=64)
 def parse_arms(spec: str) -> tuple[str, ...]:
     """The arms `seams.arms` names, in ARMS order: distinct names from it, e2e and local among them."""
     names = tuple(n.strip() for n in str(spec).split(","))
@@ -98,6 +105,7 @@ class Placement:
         return self.name
 
 
+@functools.lru_cache(maxsize=256)
 def parse_placement(text: str) -> Placement:
     """"single", "dp", "stages" or "pipe:SCHEDULE:M" (M optional: the schedule's default)."""
     t = text.strip().lower()
@@ -117,9 +125,14 @@ def parse_placement(text: str) -> Placement:
 
 def parse_choice(text: str) -> dict[str, Placement]:
     """`seams.placement`: "best" ({}: every arm its fastest) or "e2e=P,local=Q" (an arm left out: its
-    fastest), each placement of a kind its arm runs on."""
+    fastest), each placement of a kind its arm runs on. Each distinct text is parsed once."""
+    return dict(_choice(text))
+
+
+@functools.lru_cache(maxsize=64)
+def _choice(text: str) -> tuple[tuple[str, Placement], ...]:
     if text.strip().lower() == "best":
-        return {}
+        return ()
     out = {}
     for item in text.split(","):
         arm, eq, value = item.partition("=")
@@ -133,4 +146,4 @@ def parse_choice(text: str) -> dict[str, Placement]:
         if p.kind not in KINDS[arm]:
             raise ConfigError(f"seams.placement: the {arm} arm runs on {', '.join(KINDS[arm])}, not {p.kind}")
         out[arm] = p
-    return out
+    return tuple(out.items())

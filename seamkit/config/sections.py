@@ -113,7 +113,8 @@ class SeamsConfig:
         one_of("seams.objective", self.objective, OBJECTIVES)
         one_of("seams.order", self.order, ORDERS)
         one_of("seams.calibration", self.calibration, CALIBRATIONS)
-        extra = [a for a in self.placements if a not in self.arm_names]
+        arms = self.arm_names  # parsed here, whether or not a placement names an arm
+        extra = [a for a in self.placements if a not in arms]
         if extra:
             raise ConfigError(f"seams.placement={self.placement!r} names the {extra[0]} arm, which seams.arms="
                               f"{self.arms!r} does not run")

@@ -10,7 +10,8 @@ Modules, each importing only those above it:
   and cached on disk.
 - `tokencheck`: what a token directory must hold (meta.json's fields, sizes, checksums,
   consistent arrays), checked whenever one is opened.
-- `tokenfiles`: `seamkit data prepare` and memory-mapped token-file corpora (a `Corpus`).
+- `prepare`: `seamkit data prepare`, corpus files tokenized once into a token directory.
+- `tokenfiles`: memory-mapped token-file corpora (a `Corpus`) read from such a directory.
 - `load`: `load_corpus`, the corpus a run config names: a file in memory or a token directory.
 - `rows`: the seams study's training rows (`RowLoader`, `eval_batches`) and epoch counts.
 - `windows`: the pruning study's document-packed windows (`make_windows`).

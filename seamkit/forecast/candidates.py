@@ -1,33 +1,26 @@
-"""Which placements each arm has at N devices, cut as the pipeline package cuts them, and why
-one cannot be forecast.
+"""Which placements each arm has at N devices, and why one cannot be forecast.
 
-A candidate names its segments by `seg_key` ("first:2": the first segment, two blocks), so
-that the cost table measures each shape once: every block of the GPT has the same shape, and a
-segment's cost depends only on its role (the embedding on the first, the final norm, LM head
-and loss on the last; "whole" has both) and its number of blocks.
+Every candidate is one of `seams.placement.options` (the one definition of placements and their
+feasibility, which the study and its calibration read too), its fields read off the `Layout`:
+the rows of one compute action, the segments (a pipe's virtual stages) and the rank holding each,
+the micro-batches, the torch threads of each process. On top of the placement's own reasons, the
+forecast adds its own: a local objective it does not time (it times the aux_head objective only)
+and, on a CPU, more ranks x threads than the cores it may give them (the replay gives every rank
+a device of its own). `predict.forecast` adds two more that depend on the cost table: no costs
+measured with a candidate's threads, and sharing factors measured with fewer ranks on fewer cores.
 
-Threads (CPU). Each candidate carries the torch threads each of its processes runs, as
-placement.arm_config sets them: train.threads where set, else the cores of N ranks shared out,
-so a rank of a multi-rank candidate keeps the cost table's threads and the one process of
-`single` at N runs N times that. Its costs must be measured with that many threads.
+A candidate names its segments by `seg_key` ("first:2": the first segment, two blocks), so that
+the cost table measures each shape once: every block of the GPT has the same shape, and a
+segment's cost depends only on its role (the embedding on the first, the final norm, LM head and
+loss on the last; "whole" has both) and its number of blocks.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from seamkit.config import ConfigError, RunConfig, study_arms
-from seamkit.seams.cuts import parse_seams, segments
-from seamkit.seams.pipeline.plan import (
-    PER_STAGE,
-    SCHEDULE_CLASSES,
-    check_schedule,
-    default_micro_batches,
-    local_seams,
-    placement,
-)
-
-E2E, LOCAL, DELAYED = "e2e", "local", "delayed"
+from seamkit.config import Placement, RunConfig
+from seamkit.seams.placement import default_micro_batches, options, threads_for
 
 
 def seg_key(blocks: int, first: bool, last: bool) -> str:
@@ -56,94 +49,76 @@ class Candidate:
     devices: int  # ranks it runs on
     rows: int  # rows of one compute action: the batch, batch/N (dp) or batch/M (pipe)
     segments: list[str] = field(default_factory=list)  # seg_key of each (virtual) stage
-    owner: list[int] = field(default_factory=list)  # rank of each (virtual) stage: pipe, stages
-    schedule: str | None = None  # pipe: a key of plan.SCHEDULE_CLASSES
+    owner: list[int] = field(default_factory=list)  # rank of each (virtual) stage (dp: [0], every rank's)
+    schedule: str | None = None  # pipe: a key of placement.SCHEDULE_CLASSES
     micro_batches: int = 1
     reason: str | None = None  # why it is not forecast; None when it is
     threads: int | None = None  # CPU: torch threads of each of its processes; None on an accelerator
+    blocks: list[list[int]] = field(default_factory=list)  # the GPT's blocks of each (virtual) stage
+
+    def held_by(self, rank: int) -> list[int]:
+        """The (virtual) stages this rank holds: dp every rank the one segment."""
+        return [0] if self.name == "dp" else [v for v, r in enumerate(self.owner) if r == rank]
 
 
-def _reason(e: ConfigError) -> str:
-    return str(e)
+def share_key(c: Candidate) -> str:
+    """The candidate's key in runtime.candidate_factors[str(c.devices)]."""
+    return f"{c.arm}:{c.name}"
 
 
-def single_threads(cfg: RunConfig, n: int, threads: int) -> int:
-    """Torch threads of the one process of `single` at n devices, `threads` a rank: train.threads
-    where set (every process runs that many), else the n ranks' cores, n x threads."""
-    return threads if cfg.train.threads else n * threads
+def needs_share(c: Candidate) -> bool:
+    """Whether c runs several ranks computing at once on the host (not `single`)."""
+    return c.devices > 1 and c.name != "single"
 
 
-def _stages(cfg: RunConfig, arm: str, n: int, segs: list[str], reason: str | None) -> Candidate:
-    """The stages candidate of the local or delayed arm: the segments grouped onto n ranks as
-    plan.local_seams groups them."""
-    c = Candidate(arm, "stages", n, cfg.data.batch, segs, reason=reason)
-    try:
-        _, held = local_seams(cfg, n)
-        c.owner = [r for r, ks in enumerate(held) for _ in ks]
-    except ConfigError as e:
-        c.reason = c.reason or _reason(e)
-    return c
+def table_threads(cfg: RunConfig) -> int:
+    """Torch threads a cost table's own entries are measured with: those of one rank of a
+    multi-rank placement, which `placement.threads_for` gives train.threads or one core."""
+    return threads_for(cfg, 1, 1)
 
 
-def candidates(cfg: RunConfig, n: int, cores: int | None = None, threads: int | None = None) -> list[Candidate]:
-    """Every candidate of the config's arms at n devices (e2e, local, and delayed where seams.arms
-    names it: single, and stages grouped as the local arm's). threads (CPU only: None on an accelerator): a
-    rank's torch threads, the cost table's; `single` gets `single_threads`. `cores` (CPU only): a
-    candidate needing more cores than that (ranks x threads) is not forecast, since the replay
-    gives every rank a device of its own."""
-    nb, batch = cfg.model.n_blocks, cfg.data.batch
-    whole = seg_key(nb, True, True)
-    out = [Candidate(E2E, "single", 1, batch, [whole])]
-    if n > 1:
-        dp = Candidate(E2E, "dp", n, batch // n, [whole])
-        if batch % n:
-            dp.reason = f"data.batch={batch} does not split over {n} ranks"
-        out.append(dp)
-        for schedule in SCHEDULE_CLASSES:
-            owner = placement(schedule, n)
-            m = cfg.seams.micro_batches or default_micro_batches(schedule, n, batch, PER_STAGE)
-            c = Candidate(E2E, f"pipe:{schedule}:{m}", n, batch // m, owner=owner, schedule=schedule, micro_batches=m)
-            if len(owner) > nb:
-                c.reason = f"{len(owner)} virtual stages but the model has {nb} blocks"
-            elif batch % m:
-                c.reason = f"{m} micro-batches do not divide data.batch={batch}"
-            else:
-                try:
-                    check_schedule(schedule, n, m)
-                except ConfigError as e:
-                    c.reason = _reason(e)
-            if c.reason is None:
-                c.segments = seg_keys(segments(parse_seams(str(len(owner) - 1), nb), nb))
-            out.append(c)
-    # local (and delayed): the config's seams whatever n is; stages groups the segments into n runs
-    local_segs, why = seg_keys(segments(parse_seams(cfg.seams.seams, nb), nb)), None
-    if len(local_segs) > 1 and cfg.seams.objective != "aux_head":  # costs.py times an AuxHead only
-        why = f"seams.objective={cfg.seams.objective}: the forecast measures the aux_head objective only"
-    # delayed learns from the gradients coming back, with AuxHeads (make_aux_heads) where local_weight > 0
-    arms = [(LOCAL, why)] + ([(DELAYED, None)] if DELAYED in study_arms(cfg.seams.arms) else [])
-    for arm, reason in arms:
-        out.append(Candidate(arm, "single", 1, batch, local_segs, owner=[0] * len(local_segs), reason=reason))
-        if n > 1:
-            out.append(_stages(cfg, arm, n, local_segs, reason))
-    if threads is not None:
-        for c in out:
-            c.threads = single_threads(cfg, n, threads) if c.name == "single" else threads
-    if cores is not None:
-        for c in out:
-            if c.reason is None and c.devices * (c.threads or 1) > cores:
-                c.reason = (f"oversubscribed: {c.devices} rank(s) x {c.threads or 1} thread(s) on {cores} cores; the "
-                            f"replay gives every rank a device of its own")
+def _candidate(cfg: RunConfig, n: int, arm: str, p, lay, why: str | None, cpu: bool) -> Candidate:
+    """One of `placement.options`: its layout's fields, or its name and why it cannot run."""
+    if lay is None:
+        if p.kind == "pipe":  # named as it would run: at the schedule's default micro-batches
+            p = Placement("pipe", p.schedule, default_micro_batches(p.schedule, n, cfg.data.batch))
+        ranks = p.ranks(n)
+        return Candidate(arm, p.name, ranks, cfg.data.batch, schedule=p.schedule, micro_batches=p.micro_batches or 1,
+                         reason=why, threads=threads_for(cfg, ranks, n) if cpu else None)
+    return Candidate(arm, lay.placement.name, lay.ranks, lay.rows, seg_keys(lay.segs), list(lay.owner),
+                     lay.placement.schedule, lay.micro_batches, None, lay.threads if cpu else None,
+                     [list(s) for s in lay.segs])
+
+
+def candidates(cfg: RunConfig, n: int, cores: int | None = None, cpu: bool = True) -> list[Candidate]:
+    """Every placement of the config's arms at n devices (`placement.options`; at one device,
+    `single` alone), with the forecast's own reasons on top (module docstring). cpu: the costs
+    are a CPU's, so each candidate carries its processes' threads (None on an accelerator).
+    cores (CPU only): a candidate needing more (ranks x threads) is not forecast."""
+    out = []
+    for arm, p, lay, why in options(cfg, n):
+        if n == 1 and p.kind != "single":
+            continue  # a placement of ranks: none at one device
+        c = _candidate(cfg, n, arm, p, lay, why, cpu)
+        if c.reason is None and arm == "local" and len(c.segments) > 1 and cfg.seams.objective != "aux_head":
+            c.reason = f"seams.objective={cfg.seams.objective}: the forecast measures the aux_head objective only"
+        if c.reason is None and cpu and cores is not None and c.devices * c.threads > cores:
+            c.reason = (f"oversubscribed: {c.devices} rank(s) x {c.threads} thread(s) on {cores} cores; the "
+                        f"replay gives every rank a device of its own")
+        out.append(c)
     return out
 
 
-def needed(cfg: RunConfig, devices: list[int], threads: int | None = None) -> dict:
+def needed(cfg: RunConfig, devices: list[int], threads: int | None = None, cpu: bool = True) -> dict:
     """What a cost table must hold for these device counts: {"segments": {(seg_key, rows)},
     "local": {(seg_key, rows)}} (local: aux head and detached backward too), measured with
-    `threads` (CPU; None on an accelerator), and "by_threads": {T: {"segments", "local"}}, what
-    the candidates whose processes run T != threads threads (`single` at N > 1) need measured with T."""
+    `threads` (CPU: default `table_threads`), and "by_threads": {T: {"segments", "local"}}, what
+    the candidates whose processes run T != threads threads (`single` at N > 1) need measured
+    with T."""
+    threads = (threads or table_threads(cfg)) if cpu else None
     seg, local, by_threads = set(), set(), {}
     for n in devices:
-        for c in candidates(cfg, n, threads=threads):
+        for c in candidates(cfg, n, cpu=cpu):
             if c.reason is not None:
                 continue
             if c.threads == threads:
@@ -160,4 +135,4 @@ def reads(c: Candidate) -> dict:
     "local": {(seg_key, rows)}}, measured with c.threads (the local and delayed arms' entries
     carry the aux head and detached backward too)."""
     keys = {(k, c.rows) for k in c.segments}
-    return {"segments": keys if c.arm == E2E else set(), "local": set() if c.arm == E2E else keys}
+    return {"segments": keys if c.arm == "e2e" else set(), "local": set() if c.arm == "e2e" else keys}

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import plotly.graph_objects as go
 
-from seamkit.forecast.study import ForecastError
+from seamkit.forecast.predict import ForecastError
 
 ARM_COLORS = {"e2e": "#1f77b4", "local": "#ff7f0e", "delayed": "#2ca02c"}
 

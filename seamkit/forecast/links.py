@@ -13,13 +13,15 @@ link figures, not measurements.
 from __future__ import annotations
 
 import math
-import os
 import statistics
-import tempfile
 import time
 from dataclasses import asdict, dataclass
 
+import torch
+import torch.distributed as dist
+
 from seamkit.config import ConfigError
+from seamkit.seams.launch import run_ranks
 
 
 @dataclass(frozen=True)
@@ -87,10 +89,9 @@ def allreduce_s(nbytes: float, ranks: int, link: Link) -> float:
 SIZES = (8, 1 << 16, 1 << 20, 1 << 22)  # bytes per message
 
 
-def _pingpong(rank: int, init: str, sizes, repeats: int, out: str) -> None:
-    import torch
-    import torch.distributed as dist
-    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
+def _pingpong(rank: int, world: int, events, store, sizes, repeats: int) -> dict:
+    """One of the two ranks `measure_loopback` starts: one-way seconds of each size, the median
+    of `repeats` round trips halved."""
     result = {}
     for n in sizes:
         buf = torch.zeros(max(1, n // 4), dtype=torch.float32)
@@ -106,23 +107,13 @@ def _pingpong(rank: int, init: str, sizes, repeats: int, out: str) -> None:
             if i >= 2:
                 times.append((time.perf_counter() - t) / 2)
         result[n] = statistics.median(times)
-    dist.destroy_process_group()
-    if rank == 0:
-        import json
-        with open(out, "w") as f:
-            json.dump(result, f)
+    return result
 
 
 def measure_loopback(sizes=SIZES, repeats: int = 20) -> dict:
-    """Two gloo processes on this host: one-way seconds per size, and the Link they imply."""
-    import json
-
-    import torch.multiprocessing as mp
-    with tempfile.TemporaryDirectory() as d:
-        init, out = f"file://{os.path.join(d, 'rdzv')}", os.path.join(d, "out.json")
-        mp.start_processes(_pingpong, args=(init, sizes, repeats, out), nprocs=2, start_method="spawn")
-        with open(out) as f:
-            one_way = {int(k): v for k, v in json.load(f).items()}
+    """Two gloo ranks on this host (`seams.launch.run_ranks`): one-way seconds per size, and the
+    Link they imply."""
+    one_way = run_ranks(_pingpong, 2, sizes, repeats, label="forecast loopback")[0]
     big, bigger = sorted(one_way)[-2:]
     bw = (bigger - big) / max(one_way[bigger] - one_way[big], 1e-12)
     lat = one_way[min(one_way)]

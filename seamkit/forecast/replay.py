@@ -1,7 +1,7 @@
 """The discrete-event replay: torch's own action order per rank, timed with measured costs.
 
 Pipe schedules. `torch_order` builds the torch.distributed.pipelining schedule class the e2e
-arm runs (plan.SCHEDULE_CLASSES) on stand-in stages, with no process group, and reads the
+arm runs (placement.SCHEDULE_CLASSES) on stand-in stages, with no process group, and reads the
 order every rank executes from it: `pipeline_order` (rank -> [_Action]) of the multi-stage
 classes, and the same attribute of GPipe and 1F1B, which torch 2.13 fills from their
 `_get_pipeline_order`. Nothing here writes a schedule's order down. Only compute actions are
@@ -28,21 +28,22 @@ W none), both as runtime.py measures them; they hold the rank, not the link.
 
 Local stages. `replay_local` runs the local arm's bounded queue the same way, step by step:
 each rank receives, runs its segments, sends after its last segment's forward and then waits
-until at most `queue` of its sends are still untaken (the Wire's commit), as local.py does.
+until at most `queue` of its sends are still untaken (the Wire's commit), as a `stages` placement's
+chain link does (seams.wire.ChainLink, placement.QUEUE).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import SimpleNamespace
-from typing import Callable
 
 from torch.distributed.pipelining import schedules
 
 from seamkit.config import SeamkitError
-from seamkit.seams.pipeline.plan import SCHEDULE_CLASSES, placement
+from seamkit.seams.placement import SCHEDULE_CLASSES, schedule_owner
+from seamkit.torch_internals import ComputationType as T
 
-T = schedules._ComputationType
 F, B, I, W = T.FORWARD, T.FULL_BACKWARD, T.BACKWARD_INPUT, T.BACKWARD_WEIGHT
 COMPUTE = (F, B, I, W)
 
@@ -110,7 +111,7 @@ def torch_order(schedule: str, stages: int, micro_batches: int) -> Order:
     """Every rank's compute actions for `schedule` on `stages` ranks, as torch's class orders them."""
     name, style = SCHEDULE_CLASSES[schedule]
     cls = getattr(schedules, name)
-    owner = placement(schedule, stages)
+    owner = schedule_owner(schedule, stages)
     V = len(owner)
     if style == "single":
         sched = cls(_stand_in(0, V, stages, 0), n_microbatches=micro_batches)
@@ -155,46 +156,44 @@ class Replay:
         return 1 - sum(self.busy_s) / total if total > 0 else 0.0
 
 
+def _ready(a, done: dict, owner: list[int], message_s: Callable[[int], float]):
+    """(when action a's input is there on its rank, whether it came from another rank), or None:
+    not yet. F(v, i) needs F(v-1, i); B or I (v, i) the input gradient of (v+1, i); W its own I."""
+    v, i, kind, V = a.stage_index, a.microbatch_index, a.computation_type, len(owner)
+
+    def arrival(key, src: int, boundary: int):
+        t = done.get(key)
+        if t is None:
+            return None
+        return (t, False) if owner[src] == owner[v] else (t + message_s(boundary), True)
+    if kind == F:
+        return (0, False) if v == 0 else arrival(("F", v - 1, i), v - 1, v - 1)
+    if ("F", v, i) not in done:
+        return None
+    if kind == W:
+        g = done.get(("G", v, i))
+        return None if g is None else (g, False)
+    return (done[("F", v, i)], False) if v == V - 1 else arrival(("G", v + 1, i), v + 1, v)
+
+
 def replay(order: dict, owner: list[int], cost: Callable, message_s: Callable[[int], float],
            wake_s: float = 0) -> Replay:
     """Run rank-ordered compute actions over virtual stages placed by `owner` (stage -> rank).
     cost(action) -> seconds; message_s(v) -> seconds for one message across boundary v (v | v+1)
     between two ranks; wake_s: seconds a rank that sat waiting for another rank's message takes to
     resume once it has arrived (`runtime.wake_s`), not charged where the message was there first."""
-    V = len(owner)
     ranks = sorted(order)
     done: dict = {}  # ("F" | "G", stage, micro-batch) -> time it is available on its own rank
     # int zeros: costs given as Fractions stay exact all the way through (the tests' textbook bubbles)
-    free = {r: 0 for r in ranks}
-    busy = {r: 0 for r in ranks}
-    pos = {r: 0 for r in ranks}
+    free, busy, pos = {r: 0 for r in ranks}, {r: 0 for r in ranks}, {r: 0 for r in ranks}
     spans: dict = {r: [] for r in ranks}
-
-    def arrival(key, src: int, dst: int, boundary: int):
-        """(when the input is there, whether it came from another rank), or None: not yet."""
-        t = done.get(key)
-        if t is None:
-            return None
-        return (t, False) if owner[src] == owner[dst] else (t + message_s(boundary), True)
-
-    def ready(a):
-        v, i, kind = a.stage_index, a.microbatch_index, a.computation_type
-        if kind == F:
-            return (0, False) if v == 0 else arrival(("F", v - 1, i), v - 1, v, v - 1)
-        if ("F", v, i) not in done:
-            return None
-        if kind == W:
-            g = done.get(("G", v, i))
-            return None if g is None else (g, False)
-        return (done[("F", v, i)], False) if v == V - 1 else arrival(("G", v + 1, i), v + 1, v, v)
-
     remaining = sum(len(order[r]) for r in ranks)
     while remaining:
         progress = False
         for r in ranks:
             while pos[r] < len(order[r]):
                 a = order[r][pos[r]]
-                got = ready(a)
+                got = _ready(a, done, owner, message_s)
                 if got is None:
                     break
                 t, remote = got
@@ -203,11 +202,8 @@ def replay(order: dict, owner: list[int], cost: Callable, message_s: Callable[[i
                 spans[r].append((str(a), start, end))
                 busy[r] += end - start
                 free[r] = end
-                kind = a.computation_type
-                if kind == F:
-                    done[("F", a.stage_index, a.microbatch_index)] = end
-                elif kind in (B, I):
-                    done[("G", a.stage_index, a.microbatch_index)] = end
+                if a.computation_type != W:  # F: its output; B or I: its input gradient
+                    done[("F" if a.computation_type == F else "G", a.stage_index, a.microbatch_index)] = end
                 pos[r] += 1
                 remaining -= 1
                 progress = True

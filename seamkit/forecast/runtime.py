@@ -24,7 +24,7 @@ p2p_op_s), and two factors the forecast scales compute by (shared_factor, pipe_f
   middle block's forward and backward at the pipe's rows alone (the other waiting), then both at
   once, in turns repeated `repeats` times so a drift of the machine reaches both alike; the
   factor is the ratio of the medians, averaged over the two ranks. The forecast scales the
-  compute of dp and of the local arm's stages by it (`study.forecast`).
+  compute of dp and of the local arm's stages by it (`predict.forecast`).
 - pipe_factor: the same slowdown inside torch's pipelining runtime, where the ranks do not
   compute in lockstep but pass activations and gradients while they compute: the two ranks run a
   Schedule1F1B over two one-block stages (the first with the embedding, the last with the LM
@@ -42,7 +42,7 @@ p2p_op_s), and two factors the forecast scales compute by (shared_factor, pipe_f
   of the difference, the mean of the two ranks. It holds the all-reduce as gloo runs it on this
   host (its copies, its reduction, its threads beside the compute) and DDP's buckets, which
   latency + bytes / bandwidth leaves out, so the forecast's dp step over this link at two ranks
-  charges it instead of the link's ring all-reduce (`study.step_time`).
+  charges it instead of the link's ring all-reduce (`steps.step_time`).
 On an accelerator action_s is measured the same way on the device (synchronised); p2p_op_s and
 wake_s are 0, shared_factor and pipe_factor 1, and dp_sync_s is not measured: one device cannot time an op
 between two, nor two ranks on two devices, and `how` says so.
@@ -51,24 +51,24 @@ between two, nor two ranks on two devices, and `how` says so.
 from __future__ import annotations
 
 import contextlib
-import json
-import os
 import statistics
-import tempfile
 import time
-from typing import Callable
 
 import torch
+import torch.distributed as dist
+from torch.distributed import pipelining
+from torch.nn.parallel import DistributedDataParallel
 
 from seamkit.config import RunConfig
+from seamkit.seams.wire import wire_dtype
+from seamkit.forecast.turns import TimedModule, alone, timed_into, turns
 from seamkit.model import GPT, lm_loss, param_dtype, resolve_device
-from seamkit.seams.pipeline.plan import WIRE_DTYPES
-from seamkit.seams.pipeline.stage import Segment
+from seamkit.seams.launch import run_ranks
+from seamkit.seams.schedules import Stage
+from seamkit.torch_internals import batch_p2p, timed_stage_backwards, wait_batch_p2p
 
 MICRO = 4  # micro-batches of the action_s step: 2 x MICRO actions a step
 PAUSE_S = 0.002  # between posting an op and waiting on it: its data is there by then
-
-NOT_MEASURED = {"action_s": 0.0, "p2p_op_s": 0.0, "wake_s": 0.0, "shared_factor": 1.0, "pipe_factor": 1.0}
 WAKE_BUSY_S = 0.005  # the sender computes this long first: the receiver's core has gone idle by then
 
 
@@ -77,15 +77,25 @@ def _sync(device):
         torch.cuda.synchronize(device)
 
 
-def _action_overhead(cfg: RunConfig, rows: int, repeats: int, device, group) -> float:
-    from torch.distributed import pipelining
-    m, dtype = cfg.model, param_dtype(cfg.train.dtype)
-    wire = WIRE_DTYPES["float64" if cfg.train.dtype == "float64" else "float32"]
+def _stage(cfg: RunConfig, blocks: list[int], first: bool, last: bool, device) -> Stage:
+    """A pipe's stage of these blocks, cut from a GPT built from train.seed."""
+    dtype = param_dtype(cfg.train.dtype)
     torch.manual_seed(cfg.train.seed)
-    seg = Segment(GPT(m).to(device=device, dtype=dtype), [0], True, True, device, dtype, wire, cfg.train.dtype)
-    g = torch.Generator(device="cpu").manual_seed(0)
-    x_BT = torch.randint(0, m.vocab, (rows * MICRO, m.seq), generator=g).to(device)
-    y_BT = torch.randint(0, m.vocab, (rows * MICRO, m.seq), generator=g).to(device)
+    model = GPT(cfg.model).to(device=device, dtype=dtype)
+    return Stage(model, blocks, first, last, device, dtype, wire_dtype(cfg), cfg.train.dtype)
+
+
+def _tokens(cfg: RunConfig, rows: int, generator, device=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Inputs and targets of `rows` rows."""
+    m = cfg.model
+    x_BT = torch.randint(0, m.vocab, (rows, m.seq), generator=generator)
+    y_BT = torch.randint(0, m.vocab, (rows, m.seq), generator=generator)
+    return (x_BT.to(device), y_BT.to(device)) if device is not None else (x_BT, y_BT)
+
+
+def _action_overhead(cfg: RunConfig, rows: int, repeats: int, device, group) -> float:
+    seg = _stage(cfg, [0], True, True, device)
+    x_BT, y_BT = _tokens(cfg, rows * MICRO, torch.Generator(device="cpu").manual_seed(0), device)
     out = seg(x_BT[:rows]).detach()
     stage = pipelining.PipelineStage(seg, 0, 1, device, input_args=x_BT[:rows].clone(),
                                      output_args=torch.empty_like(out).requires_grad_(True), group=group)
@@ -113,19 +123,17 @@ def _action_overhead(cfg: RunConfig, rows: int, repeats: int, device, group) -> 
 
 
 def _p2p_op(rank: int, shape, dtype, repeats: int) -> float:
-    import torch.distributed as dist
-    from torch.distributed.pipelining import schedules
     buf = torch.zeros(shape, dtype=dtype)
     op = dist.isend if rank == 0 else dist.irecv
     post, wait = [], []
     for _ in range(repeats + 2):
         dist.barrier()  # nothing in flight: both start together
         t = time.perf_counter()
-        works = schedules._batch_p2p([dist.P2POp(op, buf, 1 - rank)])
+        works = batch_p2p([dist.P2POp(op, buf, 1 - rank)])
         post.append(time.perf_counter() - t)
         time.sleep(PAUSE_S)
         t = time.perf_counter()
-        schedules._wait_batch_p2p(works)
+        wait_batch_p2p(works)
         wait.append(time.perf_counter() - t)
     return statistics.median(post[2:]) + statistics.median(wait[2:])
 
@@ -142,7 +150,6 @@ def _one_way(rank: int, buf: torch.Tensor, busy_s: float) -> float | None:
     """Rank 0 computes `busy_s`, then sends `buf` and its send time; rank 1, having posted the
     receive at once and waited on it, returns (when its wait ended) - (send time): both read
     the host's one monotonic clock."""
-    import torch.distributed as dist
     stamp = torch.zeros(1, dtype=torch.float64)
     dist.barrier()
     if rank == 0:
@@ -173,37 +180,11 @@ def _wake(rank: int, shape, dtype, repeats: int) -> float | None:
     return max(statistics.median(idle) - statistics.median(at_once), 0.0) if rank == 1 else None
 
 
-def _alone(timed: Callable[[], float]) -> float:
-    """`timed()` on each rank in turn, the other waiting at a barrier; this rank's seconds."""
-    import torch.distributed as dist
-    mine = None
-    for turn in range(dist.get_world_size()):
-        dist.barrier()
-        if dist.get_rank() == turn:
-            mine = timed()
-    return mine
-
-
-def turns(timed: Callable[[], float], repeats: int,
-          at_once: Callable[[], float] | None = None) -> tuple[list[float], list[float]]:
-    """This rank's seconds of `timed()` alone (`_alone`) and of `at_once()` (default: `timed`) with
-    every rank at once, a turn of each `repeats` times after one that warms up and is not kept;
-    every rank calls it at once."""
-    import torch.distributed as dist
-    alone, both = [], []
-    for _ in range(repeats + 1):
-        alone.append(_alone(timed))
-        dist.barrier()
-        both.append((at_once or timed)())
-    return alone[1:], both[1:]
-
-
 def _shared_factor(cfg: RunConfig, rows: int, repeats: int) -> float:
     """This rank's (median time both at once) / (median time alone) of a middle block's forward and
     backward (module docstring); every rank calls it at once."""
     m, dtype = cfg.model, param_dtype(cfg.train.dtype)
-    torch.manual_seed(cfg.train.seed)
-    seg = Segment(GPT(m).to(dtype=dtype), [0], False, False, torch.device("cpu"), dtype, dtype, cfg.train.dtype)
+    seg = _stage(cfg, [0], False, False, torch.device("cpu"))
     h_BTC = torch.randn(rows, m.seq, m.dim, dtype=dtype)
     g_BTC = torch.randn(rows, m.seq, m.dim, dtype=dtype)
 
@@ -212,56 +193,24 @@ def _shared_factor(cfg: RunConfig, rows: int, repeats: int) -> float:
         seg(h_BTC).backward(g_BTC)
         seg.zero_grad(set_to_none=True)
         return time.perf_counter() - t
-    alone, both = turns(timed, repeats)
-    return statistics.median(both) / statistics.median(alone)
-
-
-def timed_into(spent: list, fn: Callable) -> Callable:
-    """fn, adding the seconds of each call to spent[0]."""
-    def timed(*args, **kw):
-        t = time.perf_counter()
-        try:
-            return fn(*args, **kw)
-        finally:
-            spent[0] += time.perf_counter() - t
-    return timed
-
-
-class TimedModule(torch.nn.Module):
-    """A pipeline stage's module: `seg`, its forward's seconds added to spent[0], nothing of the
-    stage's own work."""
-
-    def __init__(self, seg: torch.nn.Module, spent: list):
-        super().__init__()
-        self.seg, self.spent = seg, spent
-
-    def forward(self, inp):
-        return timed_into(self.spent, self.seg)(inp)
+    by_itself, both = turns(timed, repeats)
+    return statistics.median(both) / statistics.median(by_itself)
 
 
 def _pipe_factor(cfg: RunConfig, rows: int, repeats: int) -> float:
     """This rank's (median compute a step inside a running two-rank Schedule1F1B) / (median of the
     same forwards and backwards alone, the other rank waiting), over one-block stages (module
     docstring); every rank calls it at once."""
-    import torch.distributed as dist
-    from torch.distributed import pipelining
-    from torch.distributed.pipelining import stage as stage_module
     m, dtype = cfg.model, param_dtype(cfg.train.dtype)
     rank, cpu = dist.get_rank(), torch.device("cpu")
     first, last = rank == 0, rank == 1
-    torch.manual_seed(cfg.train.seed)
-    seg = Segment(GPT(m).to(dtype=dtype), [0], first, last, cpu, dtype, dtype, cfg.train.dtype)  # any block: all alike
+    seg = _stage(cfg, [0], first, last, cpu)  # any block: all alike
     g = torch.Generator(device="cpu").manual_seed(0)
-    x_BT = torch.randint(0, m.vocab, (rows * MICRO, m.seq), generator=g)
-    y_BT = torch.randint(0, m.vocab, (rows * MICRO, m.seq), generator=g)
+    x_BT, y_BT = _tokens(cfg, rows * MICRO, g)
     h_BTC = torch.randn(rows, m.seq, m.dim, generator=g, dtype=dtype)
     g_BTC = torch.randn(rows, m.seq, m.dim, generator=g, dtype=dtype)
     spent = [0.0]
-
-    def timing(fn):
-        return timed_into(spent, fn)
-
-    loss = timing(lambda o, y: lm_loss(o, y) / MICRO)
+    loss = timed_into(spent, lambda o, y: lm_loss(o, y) / MICRO)
     inp = x_BT[:rows].clone() if first else torch.empty_like(h_BTC).requires_grad_(True)
     out = torch.empty(rows, m.seq, m.vocab if last else m.dim, dtype=dtype, requires_grad=True)
     stage = pipelining.PipelineStage(TimedModule(seg, spent), rank, 2, cpu, input_args=inp, output_args=out)
@@ -279,35 +228,25 @@ def _pipe_factor(cfg: RunConfig, rows: int, repeats: int) -> float:
         seg.zero_grad(set_to_none=True)
         return t
 
-    backward = stage_module.stage_backward
-    stage_module.stage_backward = timing(backward)  # the autograd pass of every B the stage runs
-    inside, alone = [], []
-    try:
+    inside, by_itself = [], []
+    # the autograd pass of every B the stage runs
+    with timed_stage_backwards(lambda fn: timed_into(spent, fn), names=("stage_backward",)):
         for _ in range(repeats + 1):  # the first round warms up
             dist.barrier()
             spent[0] = 0.0
             sched.step(*((x_BT,) if first else ()), target=y_BT if last else None, losses=[], return_outputs=False)
             inside.append(spent[0])
             seg.zero_grad(set_to_none=True)
-            alone.append(_alone(direct_timed))
-    finally:
-        stage_module.stage_backward = backward
-    return statistics.median(inside[1:]) / statistics.median(alone[1:])
+            by_itself.append(alone(direct_timed))
+    return statistics.median(inside[1:]) / statistics.median(by_itself[1:])
 
 
 def _dp_sync(cfg: RunConfig, rows: int, repeats: int) -> float:
     """This rank's median (DDP step) - (the same step under no_sync) over the whole GPT at `rows`
     rows (module docstring); every rank calls it at once."""
-    import torch.distributed as dist
-    from torch.nn.parallel import DistributedDataParallel
-    m, dtype = cfg.model, param_dtype(cfg.train.dtype)
-    cpu = torch.device("cpu")
-    torch.manual_seed(cfg.train.seed)
-    seg = Segment(GPT(m).to(dtype=dtype), list(range(m.n_blocks)), True, True, cpu, dtype, dtype, cfg.train.dtype)
+    seg = _stage(cfg, list(range(cfg.model.n_blocks)), True, True, torch.device("cpu"))
     ddp = DistributedDataParallel(seg)
-    g = torch.Generator(device="cpu").manual_seed(dist.get_rank())
-    x_BT = torch.randint(0, m.vocab, (rows, m.seq), generator=g)
-    y_BT = torch.randint(0, m.vocab, (rows, m.seq), generator=g)
+    x_BT, y_BT = _tokens(cfg, rows, torch.Generator(device="cpu").manual_seed(dist.get_rank()))
 
     def timed(sync: bool) -> float:
         dist.barrier()
@@ -321,80 +260,83 @@ def _dp_sync(cfg: RunConfig, rows: int, repeats: int) -> float:
     return max(statistics.median(diffs), 0.0)
 
 
-def _worker(rank: int, init: str, out: str, cfg: RunConfig, rows: int, repeats: int, threads,
-            dp_rows: int | None = None) -> None:
-    import torch.distributed as dist
+def _mean_of_ranks(value, name: str) -> dict:
+    """{name: the mean over the two ranks, name_ranks: both}."""
+    both = [None, None]
+    dist.all_gather_object(both, value)
+    return {name: sum(both) / 2, f"{name}_ranks": both}
+
+
+def _turns(repeats: int, turns: int | None) -> dict:
+    """Turns of each sharing figure: `turns` where given, else enough for a median that holds."""
+    return {"shared": turns or max(repeats, 40), "pipe": turns or max(repeats, 30),
+            "dp": turns or max(repeats // 2, 10)}
+
+
+def _cpu_figures(cfg: RunConfig, rank: int, rows: int, repeats: int, dp_rows: int | None, turns: dict) -> dict:
+    """Every figure two CPU ranks measure together (module docstring)."""
+    shape, wire = (rows, cfg.model.seq, cfg.model.dim), wire_dtype(cfg)
+    out = {}
+    each = _mean_of_ranks(_p2p_op(rank, shape, wire, repeats), "p2p_op_s")
+    out.update(p2p_op_s=each["p2p_op_s"], send_op_s=each["p2p_op_s_ranks"][0], recv_op_s=each["p2p_op_s_ranks"][1])
+    wake = [None, None]
+    dist.all_gather_object(wake, _wake(rank, shape, wire, repeats))
+    out["wake_s"] = wake[1]
+    out.update(_mean_of_ranks(_shared_factor(cfg, rows, turns["shared"]), "shared_factor"))
+    out.update(_mean_of_ranks(_pipe_factor(cfg, rows, turns["pipe"]), "pipe_factor"))
+    if dp_rows:
+        sync = _mean_of_ranks(_dp_sync(cfg, dp_rows, turns["dp"]), "dp_sync_s")
+        out.update(dp_sync_s=sync["dp_sync_s"], dp_sync_ranks=sync["dp_sync_s_ranks"], dp_rows=dp_rows)
+    return out
+
+
+def _rank(rank: int, world: int, events, store, cfg: RunConfig, rows: int, repeats: int, threads,
+          dp_rows: int | None, turns: dict) -> dict | None:
+    """One of the two ranks `measure_runtime` starts; rank 0 returns the figures."""
     if threads:
         torch.set_num_threads(threads)
     device = resolve_device(cfg.train.device)
-    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
-    alone = [dist.new_group([0]), dist.new_group([1])]  # every rank makes every group
+    groups = [dist.new_group([0]), dist.new_group([1])]  # every rank makes every group
     result = {}
     if rank == 0:  # the other rank idles meanwhile, as every cost here is timed alone
-        result["action_s"] = _action_overhead(cfg, rows, repeats, device, alone[0])
+        result["action_s"] = _action_overhead(cfg, rows, repeats, device, groups[0])
     dist.barrier()
     if device.type == "cpu":
-        wire = WIRE_DTYPES["float64" if cfg.train.dtype == "float64" else "float32"]
-        each = _p2p_op(rank, (rows, cfg.model.seq, cfg.model.dim), wire, repeats)
-        both = [None, None]
-        dist.all_gather_object(both, each)
-        result.update(p2p_op_s=sum(both) / 2, send_op_s=both[0], recv_op_s=both[1])
-        wake = [None, None]
-        dist.all_gather_object(wake, _wake(rank, (rows, cfg.model.seq, cfg.model.dim), wire, repeats))
-        result["wake_s"] = wake[1]
-        factors = [None, None]
-        dist.all_gather_object(factors, _shared_factor(cfg, rows, max(repeats, 40)))
-        result.update(shared_factor=sum(factors) / 2, shared_factor_ranks=factors)
-        pipe = [None, None]
-        dist.all_gather_object(pipe, _pipe_factor(cfg, rows, max(repeats, 30)))
-        result.update(pipe_factor=sum(pipe) / 2, pipe_factor_ranks=pipe)
-        if dp_rows:
-            sync = [None, None]
-            dist.all_gather_object(sync, _dp_sync(cfg, dp_rows, max(repeats // 2, 10)))
-            result.update(dp_sync_s=sum(sync) / 2, dp_sync_ranks=sync, dp_rows=dp_rows)
-    dist.destroy_process_group()
-    if rank == 0:
-        with open(out, "w") as f:
-            json.dump(result, f)
+        result.update(_cpu_figures(cfg, rank, rows, repeats, dp_rows, turns))
+    return result if rank == 0 else None
 
 
-def run_spawned(worker: Callable, nprocs: int, *args):
-    """worker(rank, init, out, *args) in `nprocs` spawned processes that meet at `init` (a file
-    rendezvous); what rank 0 wrote to `out` as JSON."""
-    import torch.multiprocessing as mp
-    with tempfile.TemporaryDirectory() as d:
-        init, out = f"file://{os.path.join(d, 'rdzv')}", os.path.join(d, "out.json")
-        mp.start_processes(worker, args=(init, out, *args), nprocs=nprocs, start_method="spawn")
-        with open(out) as f:
-            return json.load(f)
+def _how(cfg: RunConfig, device, rows: int, repeats: int, dp_rows: int | None, turns: dict) -> str:
+    how = (f"action_s: ScheduleGPipe on one rank, one-block segment, {MICRO} micro-batches of {rows} rows, median "
+           f"of {repeats} (step - direct F and B) / {2 * MICRO}; ")
+    if device.type != "cpu":
+        return how + (f"p2p_op_s and wake_s: 0, shared_factor and pipe_factor: 1, not measured on {device.type} (one "
+                      "device cannot time an op between two, nor two ranks on devices of their own)")
+    how += (f"p2p_op_s: post + wait of one {rows}x{cfg.model.seq}x{cfg.model.dim} activation through torch's "
+            f"_batch_p2p, loopback gloo, mean of sender and receiver, median of {repeats}; wake_s: the receiver's "
+            f"seconds from a send of that activation to the end of its wait when it waited {WAKE_BUSY_S * 1e3:g} ms "
+            f"less when the message came at once, medians of {repeats} alternated pairs; shared_factor: "
+            f"a middle block's forward and backward at {rows} rows, both ranks at once over each alone, medians "
+            f"of {turns['shared']} turns, mean of the two ranks; pipe_factor: each rank's forward and backward "
+            f"compute inside a two-rank Schedule1F1B over one-block stages, {MICRO} micro-batches of {rows} rows, "
+            f"over the same compute alone, medians of {turns['pipe']} turns, mean of the two ranks")
+    if dp_rows:
+        how += (f"; dp_sync_s: the whole GPT in DDP on two ranks at {dp_rows} rows, a step with the gradients' "
+                f"all-reduce less the same under no_sync, median of {turns['dp']} pairs, mean of the two "
+                "ranks")
+    return how
 
 
 def measure_runtime(cfg: RunConfig, rows: int, repeats: int = 20, threads: int | None = None,
-                    dp_rows: int | None = None) -> dict:
+                    dp_rows: int | None = None, turns: int | None = None) -> dict:
     """{"action_s", "p2p_op_s", "rows", "how", ...} for a pipe of `rows` rows a micro-batch, in two
-    spawned gloo processes of `threads` torch threads (CPU) on cfg.train.device (module docstring);
-    with `dp_rows` (CPU), also dp_sync_s for a two-rank dp step of that many rows a rank."""
+    gloo ranks (`seams.launch.run_ranks`) of `threads` torch threads (CPU) on cfg.train.device
+    (module docstring); with `dp_rows` (CPU), also dp_sync_s for a two-rank dp step of that many
+    rows a rank. turns: of each sharing factor and pairs of dp_sync_s (default: 40, 30 and 10, or
+    `repeats` where more)."""
     device = resolve_device(cfg.train.device)
-    result = run_spawned(_worker, 2, cfg, rows, repeats, threads, dp_rows)
-    how = (f"action_s: ScheduleGPipe on one rank, one-block segment, {MICRO} micro-batches of {rows} rows, median "
-           f"of {repeats} (step - direct F and B) / {2 * MICRO}; ")
-    if device.type == "cpu":
-        how += (f"p2p_op_s: post + wait of one {rows}x{cfg.model.seq}x{cfg.model.dim} activation through torch's "
-                f"_batch_p2p, loopback gloo, mean of sender and receiver, median of {repeats}; wake_s: the receiver's "
-                f"seconds from a send of that activation to the end of its wait when it waited "
-                f"{WAKE_BUSY_S * 1e3:g} ms "
-                f"less when the message came at once, medians of {repeats} alternated pairs; shared_factor: "
-                f"a middle block's forward and backward at {rows} rows, both ranks at once over each alone, medians "
-                f"of {max(repeats, 40)} turns, mean of the two ranks; pipe_factor: each rank's forward and backward "
-                f"compute inside a two-rank Schedule1F1B over one-block stages, {MICRO} micro-batches of {rows} rows, "
-                f"over the same compute alone, medians of {max(repeats, 30)} turns, mean of the two ranks")
-        if dp_rows:
-            how += (f"; dp_sync_s: the whole GPT in DDP on two ranks at {dp_rows} rows, a step with the gradients' "
-                    f"all-reduce less the same under no_sync, median of {max(repeats // 2, 10)} pairs, mean of the two "
-                    "ranks")
-    else:
+    turns = _turns(repeats, turns)
+    result = run_ranks(_rank, 2, cfg, rows, repeats, threads, dp_rows, turns, label="forecast runtime")[0]
+    if device.type != "cpu":
         result.update(p2p_op_s=0.0, wake_s=0.0, shared_factor=1.0, pipe_factor=1.0)
-        how += (f"p2p_op_s and wake_s: 0, shared_factor and pipe_factor: 1, not measured on {device.type} (one "
-                "device cannot "
-                "time an op between two, nor two ranks on devices of their own)")
-    return {**result, "rows": rows, "repeats": repeats, "how": how}
+    return {**result, "rows": rows, "repeats": repeats, "how": _how(cfg, device, rows, repeats, dp_rows, turns)}

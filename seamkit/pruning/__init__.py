@@ -10,5 +10,6 @@ Modules, each importing only those above it:
 - `reference`: the compiled reference step, and the determinism compared steps run under.
 - `probes`: the rules tested bitwise in the unpruned step (tokens and query-side inputs changed).
 - `timing`: a timed step's seconds and memory, and the CPU's peak of live tensor bytes.
-- `study`: `prune-check`: both modes against the reference, window by window, and the report.
+- `report`: the study's report: its fields, a window's pattern, the verdicts, the printed table.
+- `study`: `prune-check`: both modes against the reference, window by window, filling the report.
 """

@@ -21,6 +21,7 @@ promises (`prune.plan_flops`). A window without any target is skipped and counte
 reference was asked for (`prune.reference=eager`).
 
 Timings interleave the modes, after warm-up (seamkit.pruning.timing says how memory is measured).
+What the report holds, its verdicts and the printed table are seamkit.pruning.report's.
 """
 
 from __future__ import annotations
@@ -38,19 +39,13 @@ from tqdm.auto import tqdm
 
 from seamkit import checkpoint as ckpt_mod
 from seamkit.config import RunConfig, tokenizer_vocab
-from seamkit.flops import measured_flops
 from seamkit.data.errors import DataError, TokenizerMismatch
 from seamkit.data.load import load_corpus
 from seamkit.data.windows import make_windows
+from seamkit.flops import measured_flops
 from seamkit.model import resolve_device
 from seamkit.pruning import rules as prune
-from seamkit.pruning.compare import (
-    DIFFERENCES,
-    compare,
-    differences_zero,
-    stats,
-    within,
-)
+from seamkit.pruning.compare import compare, differences_zero, stats
 from seamkit.pruning.probes import rule_invariance
 from seamkit.pruning.reference import (
     Reference,
@@ -58,14 +53,22 @@ from seamkit.pruning.reference import (
     no_deterministic_kernel,
     strict_determinism,
 )
+from seamkit.pruning.report import (
+    MODE_CONTROL,
+    finish,
+    new_report,
+    pattern,
+    summary_table,
+    tolerance,
+)
 from seamkit.pruning.step import MODES, CheckError, Stepper, mode_loss
 from seamkit.pruning.timing import GiB, profiled_peak_bytes, timed_sample
-from seamkit.report import provenance, write_report
+from seamkit.report import write_report
 from seamkit.threads import resolve_threads
 
-TOLERANCE = {"float32": 0.0, "float64": 1e-12}  # float32: bitwise is the claim; float64: the bound of exact arithmetic
+__all__ = ["DTYPES", "Study", "load_windows", "pattern", "prune_check", "summary_table", "to_device"]
+
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
-MODE_CONTROL = "prune_exact vs base (both eager)"  # the control that decides whether bitwise mode held
 
 
 # ----------------------------------------------------------------------------- loading
@@ -164,8 +167,8 @@ def prune_check(cfg: RunConfig, checkpoint_path, out_path, windows: list | None 
     kind = "eager" if cfg.prune.reference == "eager" else "inductor"
     reference = Reference(kind)
     control_ref = Reference("aot_eager") if kind != "eager" else None
-    exact, tol = cfg.prune.exact, _tolerance(cfg)
-    report = _new_report(cfg, run_cfg, checkpoint_path, ck, reference, device)
+    exact, tol = cfg.prune.exact, tolerance(cfg)
+    report = new_report(cfg, run_cfg, checkpoint_path, ck, reference, device, strict_determinism(device))
     samples, warmup = cfg.prune.samples, cfg.prune.warmup
     bar = tqdm(total=len(windows) * _steps_per_window(samples, warmup), desc="prune-check", unit="step",
                disable=not progress, mininterval=0.5)
@@ -179,66 +182,14 @@ def prune_check(cfg: RunConfig, checkpoint_path, out_path, windows: list | None 
         report["status"] = "complete"
     except KeyboardInterrupt:
         report["status"] = "interrupted"
-        _finish(report, tol)
+        finish(report, tol)
         write_report(out_path, report, "pruning")
         raise
     finally:
         bar.close()
-    _finish(report, tol)
+    finish(report, tol)
     write_report(out_path, report, "pruning")
     return report
-
-
-def _tolerance(cfg: RunConfig) -> float | None:
-    """The bound every check must hold; None where none is declared: arithmetic in float32 is exact
-    up to rounding, so its deltas are reported beside base's, with no bound."""
-    return None if cfg.prune.exact == "arithmetic" and cfg.prune.dtype == "float32" else TOLERANCE[cfg.prune.dtype]
-
-
-def _new_report(cfg: RunConfig, run_cfg: RunConfig, checkpoint_path: Path, ck: dict, reference: Reference,
-                device: torch.device) -> dict:
-    """The report before any window has run: what is checked, against what, and how it is measured."""
-    exact = cfg.prune.exact
-    return {
-        "status": "running",
-        "checkpoint": ckpt_mod.ref(checkpoint_path, ck["id"]),
-        "training_continued": False,
-        "reference": reference.description,
-        "reference_kind": reference.backend,
-        "exact": exact,
-        "exact_meaning": ("bitwise: prune_exact must equal base bit for bit (seamkit.pruning.bitwise)" if exact == "bitwise"
-                          else "arithmetic: every op pruned; float64 within 1e-12 of the reference, float32 deltas "
-                               "reported beside base's own (seamkit.pruning.rules)"),
-        "setup_s": 0.0,
-        "setup": "none: the plan, its indices and masks (and in bitwise mode the calibration) run inside every "
-                 "timed pruned step; nothing is reused across windows",
-        "skipped_windows": [], "windows_skipped": 0,
-        "checks": [], "timings": [],
-        **provenance(),
-        "config": run_cfg.to_dict(),  # the model and its data from the checkpoint, the rest from the command
-        "loss_policy": cfg.prune.policy,
-        "dtype": cfg.prune.dtype,
-        "device": str(device),
-        "runtime": "eager: both modes run eagerly, the reference is compiled",
-        "determinism": ("strict: torch.use_deterministic_algorithms(True) around every compared step (CUDA's "
-                        "memory-efficient attention backward then runs without key splits); timed steps as in "
-                        "training" if strict_determinism(device) else
-                        "eager steps with the kernels of training (deterministic on CPU); the compiled reference "
-                        "with deterministic algorithms, warn-only"),
-        "optimizer": ("AdamW state from the checkpoint" if ck["optimizer"] is not None else
-                      "fresh AdamW state: the checkpoint has no optimizer state"),
-        "optimizer_hyperparameters": {"lr": cfg.train.lr, "betas": [cfg.train.beta1, cfg.train.beta2],
-                                      "weight_decay": cfg.train.weight_decay, "grad_clip": "none in the checked step"},
-        "tolerances": {"bitwise": 0.0, "declared": _tolerance(cfg), "dtype": cfg.prune.dtype, "exact": exact},
-        "memory_method": ("cuda: torch.cuda max_memory_allocated/reserved, reset per sample" if device.type == "cuda"
-                          else "cpu: allocated_GiB = parameters + optimizer state + the profiler's peak of live "
-                               "tensor bytes in an untimed step of the same window and mode; reserved_GiB = the "
-                               "process's peak resident set (VmHWM, reset per sample) during the timed step"),
-        "controls": [], "rules": [], "windows": [],
-        "flops_method": "torch.utils.flop_counter.FlopCounterMode over one untimed forward + backward per window "
-                        "and mode (GEMMs and attention, dense); plan: prune.plan_flops, the same formulas",
-        "bitwise": False, "within_tolerance": False,
-    }
 
 
 # ----------------------------------------------------------------------------- one window
@@ -328,7 +279,7 @@ def _timed_steps(s: Study, wi: int, window, p: prune.Plan, results: dict, ran: d
     flops = {}
     for m in MODES:  # what each step ran, counted
         stepper.reset()
-        flops[m] = measured_flops(lambda: fns[m](stepper.model))
+        flops[m] = measured_flops(lambda m=m: fns[m](stepper.model))
     bar.update(1)
     allocated = {}
     for m in MODES:
@@ -365,74 +316,3 @@ def _timed_steps(s: Study, wi: int, window, p: prune.Plan, results: dict, ran: d
     })
 
 
-# ----------------------------------------------------------------------------- the report
-
-def pattern(window, p: prune.Plan, n_blocks: int, wi: int) -> dict:
-    """One window's pruning pattern for the plots: per position 0 dropped (rule A), 1 context
-    (live, not a target: every block, but only keys and values in the last), 2 target."""
-    kind = torch.zeros(p.positions, dtype=torch.long)
-    kind[p.live.cpu()] = 1
-    kind[p.target.cpu()] = 2
-    return {"window": wi, "n_blocks": n_blocks, "positions": p.positions, "kind": kind.tolist(),
-            "doc": window.doc.cpu().tolist()}
-
-
-def _finish(report: dict, tol: float | None) -> None:
-    checks = report["checks"]
-    report["bitwise"] = bool(checks) and all(c["bitwise"] for c in checks)
-    report["within_tolerance"] = None if tol is None else bool(checks) and all(within(c, tol) for c in checks)
-    # what bitwise mode promises: prune_exact equal to base bit for bit on every window (None in
-    # arithmetic mode); a compiled reference's own rounding does not enter it either way
-    controls = [c for c in report["controls"] if c["compared"] == MODE_CONTROL]
-    report["bitwise_mode_held"] = (bool(controls) and all(c["bitwise"] for c in controls)
-                                   if report.get("exact") == "bitwise" else None)
-
-def _g(x: float) -> str:
-    return "0" if x == 0 else f"{x:.1e}"
-
-
-def summary_table(report: dict) -> str:
-    """Per window and mode: differences, kept/skipped, words/s and memory; then speed-up per window."""
-    rows = [f"reference: {report['reference']}",
-            f"prune_exact ran the {report.get('exact', 'bitwise')} pruned step; setup_s {report.get('setup_s', 0.0):g}; "
-            f"windows skipped (no target): {report.get('windows_skipped', 0)}",
-            f"{'win':>3} {'mode':<11} {'loss_d':>8} {'grad_max':>8} {'upd_max':>8} {'state_max':>9} "
-            f"{'none':>4} {'kept':>6} {'skip':>6} {'words/s':>9} {'alloc GiB':>9} {'rss GiB':>8}"]
-    timings = {(t["window"], t["mode"]): t for t in report.get("timings", [])}
-    for c in report.get("checks", []):
-        t = timings.get((c["window"], c["mode"]))
-        wps = f"{statistics.median(s['words_per_second'] for s in t['samples']):9.1f}" if t and t["samples"] else f"{'-':>9}"
-        mem = f"{statistics.median(s['allocated_GiB'] for s in t['samples']):9.3f}" if t and t["samples"] else f"{'-':>9}"
-        rss = f"{statistics.median(s['reserved_GiB'] for s in t['samples']):8.3f}" if t and t["samples"] else f"{'-':>8}"
-        s = c["stats"]
-        rows.append(f"{c['window']:>3} {c['mode']:<11} {_g(c['loss_delta']):>8} {_g(c['gradient_max']):>8} "
-                    f"{_g(c['parameter_update_max']):>8} {_g(c['optimizer_state_max']):>9} "
-                    f"{len(c['gradient_none_difference']):>4} {s['kept']:>6} {s['skipped']:>6} {wps} {mem} {rss}")
-    for w in report.get("windows", []):
-        f = w.get("flops")
-        flops = "" if f is None else (f", FLOPs base/pruned {f['ceiling']:.3f}x measured ({f['prune_exact']:.3g} "
-                                      f"ran, plan {f['plan_pruned']:.3g}; plan ceiling {f['plan_ceiling']:.3f}x)")
-        rows.append(f"window {w['window']}: speed-up {w['speedup']:.3f}x, memory ratio {w['memory_ratio']:.3f}, "
-                    f"rss ratio {w['reserved_ratio']:.3f}{flops}")
-    groups: dict = {}
-    for c in report.get("controls", []):
-        groups.setdefault(c["compared"], []).append(c)
-    for what, cs in groups.items():
-        worst = max(max(c[k] for k in DIFFERENCES) for c in cs)
-        rows.append(f"control {what}: {'bitwise equal' if all(c['bitwise'] for c in cs) else f'max diff {worst:.1e}'}"
-                    f" on {len(cs)} window(s)")
-    rules = report.get("rules", [])
-    if rules:
-        ok = all(v["bitwise"] for r in rules for k, v in r.items() if isinstance(v, dict))
-        rows.append(f"rule tests (unpruned step, A and B): {'bitwise equal' if ok else 'DIFFER'}")
-    tol, within_tol = report.get("tolerances", {}).get("declared"), report.get("within_tolerance")
-    bound = ("no bound declared: float32 arithmetic, deltas above beside base's" if tol is None else
-             f"within tolerance {tol}: {str(within_tol).lower()}")
-    held = report.get("bitwise_mode_held")
-    if held is not None:
-        failed = [c["window"] for c in report.get("controls", []) if c["compared"] == MODE_CONTROL and not c["bitwise"]]
-        rows.append("bitwise mode held: prune_exact equals base bit for bit on every window" if held else
-                    f"bitwise mode did NOT hold on this CPU: prune_exact differs from base on window(s) {failed}")
-    rows.append(f"bitwise vs reference: {str(report.get('bitwise', False)).lower()}  "
-                f"(dtype {report.get('dtype')}, {bound}), status {report.get('status')}")
-    return "\n".join(rows)

@@ -39,19 +39,29 @@ from seamkit.data.load import load_corpus
 from seamkit.data.rows import epochs, repeat_warning
 from seamkit.loop import held_out
 from seamkit.model import GPT, param_dtype, resolve_device
-from seamkit.seams.ddp import DDPStep
 from seamkit.seams.placement import Layout, layout
 from seamkit.seams.policy import policy
 from seamkit.seams.ranks import RankLoop
 from seamkit.seams.result import ArmResult, from_ranks
 from seamkit.seams.resume import ResumeError, load_arm
-from seamkit.seams.schedules import PipeStep
 from seamkit.seams.snapshots import Snapshots, merge_ranks
 from seamkit.seams.stages import ChainStep
 from seamkit.seams.turns import ArmTurns
-from seamkit.seams.wire import summary
+from seamkit.seams.wire import summary, wire_dtype
 
-STEPS = {"single": ChainStep, "stages": ChainStep, "pipe": PipeStep, "dp": DDPStep}
+
+
+def step_class(kind: str) -> type:
+    """The step a placement kind runs. The pipe's and dp's are imported here, not at the top:
+    torch.distributed.pipelining and DDP take seconds to import, which every rank of a single or
+    stages arm would pay for nothing."""
+    if kind == "pipe":
+        from seamkit.seams.schedules import PipeStep
+        return PipeStep
+    if kind == "dp":
+        from seamkit.seams.ddp import DDPStep
+        return DDPStep
+    return ChainStep
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,8 +109,7 @@ def run_arm(spec: ArmSpec, rank: int = 0, world: int = 1, emit: Callable[[dict],
     torch.set_num_threads(lay.threads)
     device = device_of(cfg, rank if local_rank is None else local_rank)
     corpus = corpus if corpus is not None else load_corpus(cfg.data)
-    step = STEPS[lay.kind](cfg, lay, rank, world, device, corpus,
-                           torch.float64 if cfg.train.dtype == "float64" else torch.float32, faults)
+    step = step_class(lay.kind)(cfg, lay, rank, world, device, corpus, wire_dtype(cfg), faults)
     batches = held_out(corpus, cfg, device=device)
     if rank not in (0, lay.loss_rank) or (lay.kind == "dp" and rank != 0):
         batches = [None] * len(batches)  # counted, never evaluated here
@@ -172,7 +181,8 @@ def _join(spec: ArmSpec, lay: Layout, states: list[dict], status: str) -> str:
     cfg, weights = spec.cfg, {}
     for state in states:
         weights.update(state["weights"])
-    model = GPT(cfg.model).to(dtype=param_dtype(cfg.train.dtype))
+    with torch.random.fork_rng(devices=[]):  # the GPT's init draws nothing from the RNG the arm trains on
+        model = GPT(cfg.model).to(dtype=param_dtype(cfg.train.dtype))
     model.load_state_dict(weights)  # strict: every rank's share together is the whole GPT
     ranks = [{k: v for k, v in s.items() if k != "weights"} for s in states]
     opt = None

@@ -142,11 +142,11 @@ def measure(cfg: RunConfig, devices: int, cands: dict[str, list[Placement]], pro
             "rounds": rounds, "source": f"measured in this run ({rounds} round{'s' if rounds > 1 else ''}, the median)"}
 
 
-def committed(cfg: RunConfig, devices: int, path: Path = COMMITTED, here: float | None = None) -> dict | None:
-    """The committed calibration of this host and config (machine key, speed key, and a
-    fingerprint within FINGERPRINT_TOL of `here`, this host's), or None."""
+def committed(cfg: RunConfig, devices: int, path: Path | None = None, here: float | None = None) -> dict | None:
+    """The committed calibration (`path`, default COMMITTED) of this host and config (machine key,
+    speed key, and a fingerprint within FINGERPRINT_TOL of `here`, this host's), or None."""
     try:
-        entries = json.loads(Path(path).read_text()).get("entries", [])
+        entries = json.loads(Path(COMMITTED if path is None else path).read_text()).get("entries", [])
     except (OSError, ValueError, AttributeError):
         return None
     want, key = machine_key(), speed_key(cfg, devices)

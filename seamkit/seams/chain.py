@@ -41,6 +41,7 @@ from seamkit.model import GPT, autocast, lm_loss, param_dtype
 from seamkit.optim import make_optimizer
 from seamkit.seams import inflight as F
 from seamkit.seams import update as U
+from seamkit.seams.cuts import segment_params
 from seamkit.seams.objectives import local_loss, private_modules
 from seamkit.seams.policy import policy
 
@@ -71,15 +72,8 @@ class _Segment(nn.Module):
 
 
 def owned_names(model: GPT, segs: list[list[int]]) -> list[list[str]]:
-    """The GPT's parameter names each segment owns, in the GPT's order: segment 0 also owns the
-    embedding, the last one the final norm and LM head (so one segment owns all of them)."""
-    owner = {f"blocks.{i}.": k for k, blocks in enumerate(segs) for i in blocks}
-    out = [[] for _ in segs]
-    for name, _ in model.named_parameters():
-        k = 0 if name.startswith("embed.") else owner[".".join(name.split(".")[:2]) + "."] \
-            if name.startswith("blocks.") else len(segs) - 1
-        out[k].append(name)
-    return out
+    """The GPT's parameter names each segment owns, in the GPT's order (`cuts.segment_params`)."""
+    return [[n for n, _ in owned] for owned in segment_params(model, segs)]
 
 
 class Chain:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import pickle
 import queue
 import signal
 import sys
@@ -91,14 +92,17 @@ def _entry(rank: int, fn: Callable, world: int, port: int | None, events, parent
             dist.init_process_group(backend, store=dist.PrefixStore("pg", store), rank=rank, world_size=world,
                                     timeout=datetime.timedelta(seconds=TIMEOUT_S))
         value = fn(rank, world, events, store, *args)
-        events.put({"kind": "_return", "group": label, "rank": rank, "value": value})
+        # pickled here: a tensor put on the queue as it is travels as a shared-memory handle that
+        # dies with this process, which is about to exit
+        events.put({"kind": "_return", "group": label, "rank": rank, "value": pickle.dumps(value)})
         if world > 1:
             dist.barrier()  # nobody leaves while a peer may still need it
     except BaseException as e:  # noqa: BLE001 -- one line for the launcher, then out
-        msg = f"{type(e).__name__}: {one_line(str(e)) or 'no message'}"
+        user = isinstance(e, SeamkitError)  # a user's error is its own line; anything else names its type
+        msg = one_line(str(e)) if user else f"{type(e).__name__}: {one_line(str(e)) or 'no message'}"
         events.put({"kind": "_error", "group": label, "rank": rank, "time": time.time(), "error": msg,
                     "comm": is_comm_error(msg),
-                    "user": isinstance(e, SeamkitError), "traceback": traceback.format_exc()})
+                    "user": user, "traceback": traceback.format_exc()})
         code = 130 if isinstance(e, KeyboardInterrupt) else 1
     events.close()
     events.join_thread()  # everything put is on its way before the process goes
@@ -207,7 +211,7 @@ def run_ranks(fn: Callable, world: int, *args, label: str = "ranks", on_event: C
 def take(e: dict, group: Group, values: dict, on_event) -> None:
     """A launcher's event: a rank's return value into `values`, its error into the group's."""
     if e["kind"] == "_return":
-        values[e["rank"]] = e["value"]
+        values[e["rank"]] = pickle.loads(e["value"])
     elif e["kind"] == "_error":
         group.errors.append(e)
     elif on_event is not None:

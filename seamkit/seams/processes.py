@@ -100,15 +100,20 @@ def run_arms(specs: dict[str, ArmSpec], callback: Callable[[dict], None] | None 
         _drain(events, handle)
         return {a: values[a][0] for a in arms if values[a].get(0) is not None}, interrupted
     finally:  # also on an error here: the arms stop, then their processes go
-        turns.stop()
-        deadline = time.monotonic() + STOP_WAIT_S
-        while not all(g.done() for g in groups.values()) and time.monotonic() < deadline:
-            try:
-                events.get(timeout=0.1)  # keep reading: a full queue would block their exit
-            except queue.Empty:
-                pass
-        for g in groups.values():
-            g.stop()
+        _end(turns, groups, events)
+
+
+def _end(turns, groups: dict, events) -> None:
+    """Stop every arm, give their processes STOP_WAIT_S to end, then terminate the rest."""
+    turns.stop()
+    deadline = time.monotonic() + STOP_WAIT_S
+    while not all(g.done() for g in groups.values()) and time.monotonic() < deadline:
+        try:
+            events.get(timeout=0.1)  # keep reading: a full queue would block their exit
+        except queue.Empty:
+            pass
+    for g in groups.values():
+        g.stop()
 
 
 def _drain(events, handle) -> None:

@@ -156,6 +156,8 @@ class RankLoop:
 
     def _steps(self) -> None:
         loop, step_obj = self.loop, self.step
+        if not step_obj.word_before and not self.obey(self._first_word(), loop.steps):
+            return
         while True:
             if step_obj.word_before:
                 word = step_obj.control(self.decide(loop.steps) if self.rank == 0 else None)
@@ -166,11 +168,11 @@ class RankLoop:
             step, t0, lr = loop.begin()
             x_BT, y_BT = self.loader.next()
             how = fault(self.rank, step, self.lay.arm)
-            if how == "slow":
+            w0, c0 = self.wait.s, time.perf_counter()
+            if how == "slow":  # a slower device: its time is this rank's compute
                 time.sleep(SLOW_S)
             elif how is not None and how.startswith("nan"):
                 step_obj.plant(how)
-            w0, c0 = self.wait.s, time.perf_counter()
             if step_obj.word_before:
                 values, broken = step_obj.step(x_BT, y_BT, lr)
             else:
@@ -188,6 +190,15 @@ class RankLoop:
             loop.stepped(step, t0, lr, values)
             if not step_obj.word_before and not self.obey(word, step + 1):
                 return
+
+    def _first_word(self) -> int:
+        """Pipe and dp: rank 0's word before the first step, which no step's all_reduce carries.
+        An arm resumed at its budget's end (a Ctrl-C at its last boundary) stops here instead of
+        taking a step past max_steps."""
+        vec = torch.zeros(1, dtype=torch.float64, device=self.device)
+        if self.rank == 0:
+            vec[0] = self.decide(self.loop.steps)
+        return int(self.step.wire.all_reduce(vec).item())
 
     def _snapshot(self, steps: int, elapsed_s: float) -> None:
         """The loop's `after_step` (off the clock): this rank's share of the weights when `steps`

@@ -291,6 +291,26 @@ def placement_lines(pl: dict | None) -> list[str]:
     return lines
 
 
+def _equal_token_lines(report: dict, names: list[str]) -> list[str]:
+    """The first seed's held-out losses at equal tokens, gaps to e2e, and time to target."""
+    reps = report.get("repeats") or []
+    lines: list[str] = []
+    if reps and reps[0].get("equal_tokens"):
+        lines += ["", "held-out loss at equal tokens (seed " + str(reps[0]["seed"]) + "):",
+                  "  tokens      " + "".join(f"{a:>10}" for a in names)
+                  + "".join(f"{a + '-e2e':>14}" for a in names[1:])]
+        for row in reps[0]["equal_tokens"]:
+            lines.append(f"  {row['tokens']:>10,}" + "".join(f"{row[a]['loss']:>10.4f}" for a in names)
+                         + "".join(f"{row[f'gap_{a}_minus_e2e']:>+14.4f}" for a in names[1:]))
+        ttt = reps[0].get("time_to_target")
+        if ttt:
+            s = ttt["seconds"]
+            fmt = (lambda v: "-" if v is None else f"{v:.1f} s")
+            lines.append(f"time to held-out loss {ttt['target_loss']:.4f}: "
+                         + ", ".join(f"{a} {fmt(s[a])}" for a in names))
+    return lines
+
+
 def summary_table(report: dict) -> str:
     """A plain-text view of a seams report: per arm (means ± 95% half-widths over seeds), the
     equal-token table, time to target, then traffic and the ratios."""
@@ -314,21 +334,8 @@ def summary_table(report: dict) -> str:
     if n is not None:
         lines.append(f"({n} seed{'s' if n != 1 else ''} {report.get('seeds')}; mean ± 95% half-width where n > 1; "
                      f"order {report.get('order')}, LR schedule {report.get('lr_schedule')})")
-    reps = report.get("repeats") or []
     names = list(report["arms"])
-    if reps and reps[0].get("equal_tokens"):
-        lines += ["", "held-out loss at equal tokens (seed " + str(reps[0]["seed"]) + "):",
-                  "  tokens      " + "".join(f"{a:>10}" for a in names)
-                  + "".join(f"{a + '-e2e':>14}" for a in names[1:])]
-        for row in reps[0]["equal_tokens"]:
-            lines.append(f"  {row['tokens']:>10,}" + "".join(f"{row[a]['loss']:>10.4f}" for a in names)
-                         + "".join(f"{row[f'gap_{a}_minus_e2e']:>+14.4f}" for a in names[1:]))
-        ttt = reps[0].get("time_to_target")
-        if ttt:
-            s = ttt["seconds"]
-            fmt = (lambda v: "-" if v is None else f"{v:.1f} s")
-            lines.append(f"time to held-out loss {ttt['target_loss']:.4f}: "
-                         + ", ".join(f"{a} {fmt(s[a])}" for a in names))
+    lines += _equal_token_lines(report, names)
     p = agg.get("paired", {})
     for a in names[1:]:
         if p.get(f"loss_gap_{a}_minus_e2e"):

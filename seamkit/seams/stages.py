@@ -156,7 +156,8 @@ class ChainStep:
         c = self.chain
         if c.policy.arm != "delayed":
             return {}
+        drained = getattr(self, "drained", 0)  # taken after the last step (`drain`), not by a step
         return {"delayed": {"delay": c.policy.delay, "weight_stashing": c.policy.stashing,
                             "local_weight": c.policy.local_weight, "peak_kept_bytes": c.peak_kept_bytes,
-                            "gradients_received": self.link.grads_received if self.link else 0,
-                            "gradients_drained": getattr(self, "drained", 0)}}
+                            "gradients_received": self.link.grads_received - drained if self.link else 0,
+                            "gradients_drained": drained}}

@@ -274,9 +274,15 @@ def summary(cfg, lay, ranks: list[dict]) -> dict | None:
             "agrees": m["agrees"] and m["sent_equals_received"], "wait_share": wait}
 
 
+def wire_dtype(cfg) -> torch.dtype:
+    """The dtype activations and their gradients cross a seam in: the parameter dtype, float32
+    for bf16 runs."""
+    return torch.float64 if cfg.train.dtype == "float64" else torch.float32
+
+
 def act_bytes(cfg) -> int:
-    """The bytes of one step's h_BTC at the wire dtype (the parameter dtype; float32 for bf16 runs)."""
-    return cfg.data.batch * cfg.model.seq * cfg.model.dim * (8 if cfg.train.dtype == "float64" else 4)
+    """The bytes of one step's h_BTC at the wire dtype."""
+    return cfg.data.batch * cfg.model.seq * cfg.model.dim * torch.empty((), dtype=wire_dtype(cfg)).element_size()
 
 
 def measured(cfg, lay, ranks: list[dict]) -> dict:

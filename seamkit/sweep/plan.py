@@ -1,16 +1,6 @@
-"""A sweep's plan: the grid, every point with its papermill parameters, and where its files go.
-
-A sweep folder DIR holds one plan and one folder per point:
-
-    DIR/plan.json                  what to run: study, preset, grid, seeds, fixed overrides, every point
-    DIR/points/<id>/               one point: <notebook>.ipynb (executed), its report, checkpoints/, point.log
-    DIR/sweep.json, sweep.csv      every point (parameters, status, key figures) and, per grid point
-    DIR/sweep_summary.csv          across seeds, n, mean, std and a t-based 95% interval
-    DIR/figures/*.html             the comparison figures (offline, plotly.min.js beside them)
-
-A point is one papermill run of notebooks/01_seams.ipynb or 02_pruning.ipynb: exactly the shell
-command `point_command` writes (what `--emit-jobs` lists), so a point run by `seamkit.sweep.run`
-and a point run by a cluster scheduler are the same thing.
+"""A sweep's plan: the grid, every point with its papermill parameters and the config values its
+report must show, and every request checked, in one line, before anything is written. Where a
+plan and its points' files go, and the command a point runs, are seamkit.sweep.folder's.
 """
 
 from __future__ import annotations
@@ -20,11 +10,8 @@ import json
 import math
 import os
 import re
-import shlex
-import sys
 from pathlib import Path
 
-from seamkit import HEADLESS_ENV
 from seamkit import config as C
 from seamkit.config import SeamkitError
 from seamkit.reproduce import NOTEBOOKS
@@ -123,7 +110,8 @@ def make_plan(study: str, grid: dict[str, list], out_dir, preset: str = "cpu", r
     before anything is written.
 
     Grid keys that are parameters of the study's notebook go to it as parameters; any other
-    key must be a config key and goes in `overrides`. Seeds are 0..repeats-1 (`train.seed`, or
+    key must be a config key and goes in `overrides`. An `overrides` key that is no config key
+    but a parameter of the notebook fixes that parameter on every point. Seeds are 0..repeats-1 (`train.seed`, or
     the notebook's `seed`). `checkpoint` (pruning): a checkpoint path, or "seams" to train one
     per seed in a seams point of this sweep. `threads` per point: default cores // jobs when jobs > 1.
     Every point's whole config is built and checked as its notebook will build it, so a value
@@ -139,9 +127,10 @@ def make_plan(study: str, grid: dict[str, list], out_dir, preset: str = "cpu", r
     C.preset(preset)
     check_output(out_dir, "--out", folder=True)
     out_dir = Path(out_dir).resolve()
-    overrides = _fixed_overrides(overrides or {}, preset, study, checkpoint, threads)
     params = notebook_parameters(study)
-    _check_grid_keys(grid, study, params, overrides)
+    overrides, fixed = _notebook_settings(overrides or {}, params, study)
+    overrides = _fixed_overrides(overrides, preset, study, checkpoint, threads)
+    _check_grid_keys(grid, study, params, overrides, fixed)
     if "train.threads" in {config_key(k, study) for k in grid}:
         if threads is not None:
             raise SweepError("--threads and --grid train.threads both set train.threads; give one")
@@ -159,29 +148,38 @@ def make_plan(study: str, grid: dict[str, list], out_dir, preset: str = "cpu", r
         if not Path(checkpoint).is_file():
             raise SweepError(f"--checkpoint {checkpoint}: no such file")
 
-    points = []
     seeds = list(range(repeats))
+    points = _points(study, grid, seeds, preset, (overrides, fixed), params, out_dir,
+                     checkpoint if needs_ckpt else None)
+    return {"study": study, "preset": preset, "grid": grid, "repeats": repeats, "seeds": seeds,
+            "overrides": overrides, "parameters": fixed, "checkpoint": checkpoint, "target": target,
+            "notebook": STUDIES[study][0], "points": points}
+
+
+def _points(study: str, grid: dict, seeds: list[int], preset: str, settings: tuple[dict, dict], params: list[str],
+            out_dir: Path, checkpoint: str | None) -> list[dict]:
+    """Every point, seed-major (a sweep stopped halfway has whole grids of the first seeds); with
+    `checkpoint` "seams", first a seams point per seed whose e2e checkpoint that seed's points read.
+    `settings`: the config overrides and the notebook parameters every point gets."""
+    overrides, fixed = settings
+    points = []
     if checkpoint == "seams":
         seams_params = notebook_parameters("seams")
         for seed in seeds:
             points.append(_point("seams", {}, seed, preset, overrides, seams_params, out_dir, prefix="checkpoint"))
     for seed, values in itertools.product(seeds, itertools.product(*grid.values())):
-        gv = dict(zip(grid, values))  # seed-major: a sweep stopped halfway has whole grids of the first seeds
-        p = _point(study, gv, seed, preset, overrides, params, out_dir)
-        if needs_ckpt:
-            if checkpoint == "seams":
-                src = next(q for q in points if q["study"] == "seams" and q["seed"] == seed)
-                p["needs"] = src["id"]
-                p["parameters"]["checkpoint"] = str(out_dir / src["dir"] / "checkpoints" / "seams_e2e.pt")
-            else:
-                p["parameters"]["checkpoint"] = checkpoint
+        p = _point(study, dict(zip(grid, values)), seed, preset, overrides, params, out_dir, fixed=fixed)
+        if checkpoint == "seams":
+            src = next(q for q in points if q["study"] == "seams" and q["seed"] == seed)
+            p["needs"] = src["id"]
+            p["parameters"]["checkpoint"] = str(out_dir / src["dir"] / "checkpoints" / "seams_e2e.pt")
+        elif checkpoint is not None:
+            p["parameters"]["checkpoint"] = checkpoint
         points.append(p)
     ids = [p["id"] for p in points]
     if len(set(ids)) != len(ids):
         raise SweepError("two grid points map to the same folder name; use values that differ in letters or digits")
-    return {"study": study, "preset": preset, "grid": grid, "repeats": repeats, "seeds": seeds,
-            "overrides": overrides, "checkpoint": checkpoint, "target": target, "notebook": STUDIES[study][0],
-            "points": points}
+    return points
 
 
 def check_target(target) -> None:
@@ -213,6 +211,14 @@ def set_key(key: str) -> str:
     return f"{owners[0]}.{key}" if len(owners) == 1 else key
 
 
+def _notebook_settings(overrides: dict, params: list[str], study: str) -> tuple[dict, dict]:
+    """--set pairs as (config overrides, notebook parameters): a key that names no config key but a
+    parameter of the study's notebook (not one the sweep sets itself) fixes that parameter on every point."""
+    fixed = {k: parse_value(v) if isinstance(v, str) else v for k, v in overrides.items()
+             if k in params and k not in (*RESERVED, "seed", "checkpoint") and config_key(k, study) is None}
+    return {k: v for k, v in overrides.items() if k not in fixed}, fixed
+
+
 def _fixed_overrides(overrides: dict, preset: str, study: str, checkpoint, threads) -> dict:
     """--set as dotted keys with parsed values, checked once against the preset."""
     fixed: dict = {}
@@ -234,11 +240,13 @@ def _fixed_overrides(overrides: dict, preset: str, study: str, checkpoint, threa
     return fixed
 
 
-def _check_grid_keys(grid: dict, study: str, params: list[str], overrides: dict) -> None:
+def _check_grid_keys(grid: dict, study: str, params: list[str], overrides: dict, fixed: dict) -> None:
     """Each grid key is a sweep key, names one config key, and no other grid key or --set fixes it too:
     a point's label is then the value it runs."""
     owner: dict[str, str] = {}
     for key in grid:
+        if key in fixed:
+            raise SweepError(f"--grid {key} and --set {key} both set the notebook's {key}; give one")
         if key in RESERVED or key in ("seed", "train.seed", "checkpoint"):
             hint = {"seed": "use --repeats", "train.seed": "use --repeats", "checkpoint": "use --checkpoint"}
             raise SweepError(f"--grid {key}: not a sweep key ({hint.get(key, 'set by the sweep itself')})")
@@ -269,10 +277,11 @@ def study_checks(study: str, cfg: C.RunConfig) -> None:
         check(cfg)
 
 
-def _point(study, gv, seed, preset, overrides, params, out_dir, prefix="") -> dict:
-    """One point: papermill parameters, and `expect`, the config values its report must show."""
+def _point(study, gv, seed, preset, overrides, params, out_dir, prefix="", fixed=None) -> dict:
+    """One point: papermill parameters (`fixed` ones, then its grid values), and `expect`, the
+    config values its report must show."""
     pid = point_id(gv, seed, prefix)
-    nb_params = {k: v for k, v in gv.items() if k in params}
+    nb_params = {**(fixed or {}), **{k: v for k, v in gv.items() if k in params}}
     ov = {**overrides, **{config_key(k, study): v for k, v in gv.items() if k not in params}}
     if "repeats" in params and "repeats" not in gv:
         nb_params["repeats"] = 1  # a point is one seed: the sweep's --repeats makes the seeds
@@ -312,80 +321,3 @@ def labels(point: dict, preset: str) -> dict[str, tuple[str, object]]:
             except C.ConfigError:
                 out[ck] = (f"{key}={value}", value)
     return out
-
-
-# ----------------------------------------------------------------------------- one point: its files and command
-
-def notebook_path(out_dir, point: dict) -> Path:
-    return Path(out_dir) / point["dir"] / STUDIES[point["study"]][0]
-
-
-def report_path(out_dir, point: dict) -> Path:
-    return Path(out_dir) / point["dir"] / STUDIES[point["study"]][1]
-
-
-# every point's environment: output unbuffered (point.log follows the point as it runs), and headless,
-# so its kernel and arms keep OpenMP's default waiting, as the command line does: passive waiting,
-# meant for a kernel beside a browser, costs a two-thread arm about a third of its speed
-POINT_ENV = {"PYTHONUNBUFFERED": "1", HEADLESS_ENV: "1"}
-
-
-def point_cwd(point: dict) -> str:
-    """Where a point's kernel runs: the folder the sweep was planned in (relative paths, the corpus
-    cache), so every point reads what the sweep's command line would."""
-    return point.get("cwd") or str(Path.cwd())
-
-
-def papermill_argv(point: dict, output_nb) -> list[str]:
-    """The papermill invocation of one point (parameters as one JSON document, which is YAML)."""
-    return [sys.executable, "-m", "papermill", str(NOTEBOOKS / STUDIES[point["study"]][0]), str(output_nb),
-            "-y", json.dumps(point["parameters"], sort_keys=True), "--cwd", point_cwd(point), "--log-output",
-            "--no-progress-bar"]
-
-
-def point_command(out_dir, point: dict) -> str:
-    """One self-contained shell line: make the folder, run papermill, keep its log beside the report."""
-    folder = Path(out_dir) / point["dir"]
-    argv = papermill_argv(point, notebook_path(out_dir, point))
-    return (f"mkdir -p {shlex.quote(str(folder))} && cd {shlex.quote(point_cwd(point))} && "
-            f"{' '.join(f'{k}={v}' for k, v in POINT_ENV.items())} {shlex.join(argv)} "
-            f"> {shlex.quote(str(folder / 'point.log'))} 2>&1")
-
-
-def load_plan(out_dir) -> dict:
-    """DIR/plan.json, as `make_plan` made it; anything else fails in one line."""
-    folder = Path(out_dir)
-    if folder.exists() and not folder.is_dir():
-        raise SweepError(f"{folder}: a file, not a sweep folder")
-    path = folder / "plan.json"
-    try:
-        plan = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise SweepError(f"{path}: no sweep plan here (write one with `seamkit sweep ... --out DIR` "
-                         f"or `--emit-jobs FILE`)") from None
-    except (OSError, ValueError) as e:
-        raise SweepError(f"{path}: not a readable JSON file ({e})") from None
-    problem = _plan_problem(plan)
-    if problem:
-        raise SweepError(f"{path}: not a sweep plan ({problem})")
-    return plan
-
-
-def _plan_problem(plan) -> str | None:
-    """What makes `plan` unlike one `make_plan` wrote, or None."""
-    if not isinstance(plan, dict):
-        return f"a JSON {type(plan).__name__}, not an object"
-    if plan.get("study") not in STUDIES:
-        return f"study {plan.get('study')!r}, not one of {', '.join(STUDIES)}"
-    for key, typ in (("preset", str), ("grid", dict), ("seeds", list), ("overrides", dict), ("points", list)):
-        if not isinstance(plan.get(key), typ):
-            return f"{key} missing or not a {typ.__name__}"
-    for i, p in enumerate(plan["points"]):
-        if not isinstance(p, dict) or any(k not in p for k in POINT_KEYS):
-            return f"point {i} lacks one of {', '.join(POINT_KEYS)}"
-        if p["study"] not in STUDIES or not isinstance(p["grid"], dict) or not isinstance(p["expect"], dict) \
-                or not isinstance(p["parameters"], dict) or not isinstance(p["seed"], int):
-            return f"point {p['id']!r} is malformed"
-        if Path(p["dir"]).is_absolute() or ".." in Path(p["dir"]).parts:
-            return f"point {p['id']!r} has its folder outside the sweep"
-    return None

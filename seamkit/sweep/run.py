@@ -1,27 +1,19 @@
-"""Running a sweep's points, reading their status from their files, collecting the sweep.
+"""Running a sweep's points here, as child processes, then collecting the sweep; or writing one
+shell command per point for a scheduler (`emit_jobs`).
 
-A point's status is read from its files, never stored apart from them: complete when its
-executed notebook holds no error and ran with the point's parameters, and its report is
-complete and its config shows every value the point's labels (grid values, seed) and
-parameters ask for; failed when the notebook holds an error or the report says failed (its one
-line is recorded); interrupted when its report says so or the sweep stopped it; otherwise
-pending (never run, still running, or run with other settings; a reason where there is one).
-Rerunning a sweep therefore skips complete points and reruns the rest.
-
-Here a point runs as a child process in its own session. Its notebook is written under a
-temporary name and renamed when papermill ends, so Ctrl-C or SIGTERM (passed on to the running
-points as Ctrl-C, which then write their reports as interrupted; whatever is left of their
-processes is killed after a grace period) leaves no half-written notebook and no process
-behind, and the sweep writes sweep.json for what is done before it stops. `collect` reads every
-point's files, aggregates (`seamkit.sweep.stats`), writes sweep.json, the CSV tables and the
-figures (`seamkit.sweep.plots`); `emit_jobs` writes one shell command per point still to run.
+A point runs as a child process in its own session. Its notebook is written under a temporary
+name and renamed when papermill ends, so Ctrl-C or SIGTERM (passed on to the running points as
+Ctrl-C, which then write their reports as interrupted; whatever is left of their processes is
+killed after a grace period) leaves no half-written notebook and no process behind, and the
+sweep writes sweep.json for what is done before it stops. A point's status is read from its
+files (`seamkit.sweep.status`), so a rerun skips complete points; `run` ends in
+`seamkit.sweep.collect.collect`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import io
-import json
 import os
 import signal
 import subprocess
@@ -30,112 +22,24 @@ import time
 from pathlib import Path
 
 from seamkit import config as C
-from seamkit.report import ReportError, atomic_write_text, load_report, write_json
-from seamkit.reproduce import NOTEBOOKS, failure_line, write_figures
-from seamkit.sweep.plan import (
-    IGNORED,
+from seamkit.report import atomic_write_text, write_json
+from seamkit.sweep.collect import collect, load_sweep
+from seamkit.sweep.folder import (
     POINT_ENV,
-    STUDIES,
-    SweepError,
-    check_output,
-    check_target,
-    labels,
-    load_plan,
     notebook_path,
     papermill_argv,
     point_command,
     point_cwd,
     report_path,
 )
-from seamkit.sweep.plots import sweep_figures
-from seamkit.sweep.stats import aggregate, csv_tables
+from seamkit.sweep.plan import check_output
+from seamkit.sweep.status import STATUSES, notebook_error, point_status
 
-# ----------------------------------------------------------------------------- one point: its status
+__all__ = ["MARKER", "STATUSES", "Terminated", "collect", "emit_jobs", "load_sweep", "marked_processes",
+           "notebook_error", "point_status", "run"]
 
-def _comparable(parameters: dict) -> dict:
-    p = {k: v for k, v in parameters.items() if k != "out_dir"}
-    p["overrides"] = {k: v for k, v in (p.get("overrides") or {}).items() if k not in IGNORED}
-    return json.loads(json.dumps(p))
-
-
-_MISSING = object()  # a config key the report does not record: never "agrees" with what the point asks
-
-
-def _lookup(cfg: dict, key: str):
-    """The value of dotted `key` in a report's config dict, or _MISSING."""
-    sec, name = key.split(".", 1)
-    section = cfg.get(sec)
-    return section.get(name, _MISSING) if isinstance(section, dict) else _MISSING
-
-
-def notebook_error(nb: dict, src: Path) -> str | None:
-    """The one-line failure of an executed notebook, or None when no cell failed."""
-    for i, cell in enumerate(nb.get("cells", [])):
-        for out in cell.get("outputs", []):
-            if out.get("output_type") == "error":
-                source = cell.get("source", "")
-                source = source if isinstance(source, str) else "".join(source)
-                return failure_line(src, source, i, out.get("ename", "Error"), out.get("evalue", ""))
-    return None
-
-
-STATUSES = ("complete", "failed", "interrupted", "pending")
 MARKER = "SEAMKIT_SWEEP_POINT"  # in every process of a point run here: the point's folder
 
-
-def point_status(out_dir, point: dict, preset: str | None = None) -> dict:
-    """{"status": one of STATUSES, "error", "seconds", "report"}; "error" is one line: why the point
-    failed or was interrupted, or why a finished report does not count (its config lacks or differs
-    from what the point's labels and parameters ask; the point stays pending), else None.
-    `preset`: the plan's (the labels' values are read as that preset's config holds them)."""
-    nb_path, rep_path = notebook_path(out_dir, point), report_path(out_dir, point)
-    err_file, stopped = nb_path.parent / "error.txt", nb_path.parent / "interrupted.txt"
-    out = {"status": "pending", "error": None, "seconds": None, "report": None}
-    try:
-        nb = json.loads(nb_path.read_text())
-    except (OSError, ValueError):
-        nb = None
-    if nb is not None:
-        meta = nb.get("metadata", {}).get("papermill", {})
-        out["seconds"] = meta.get("duration")
-        error = notebook_error(nb, NOTEBOOKS / STUDIES[point["study"]][0])
-        if error:
-            return {**out, "status": "failed", "error": error}
-        if _comparable(meta.get("parameters", {})) != _comparable(point["parameters"]):
-            return out  # run with other parameters: stale, run it again
-    elif err_file.exists():  # papermill ended without a notebook, or the checkpoint point failed
-        return {**out, "status": "failed", "error": err_file.read_text().strip()}
-    elif stopped.exists():  # the sweep stopped it; its report, if any, was written as it stopped
-        return {**out, "status": "interrupted", "error": stopped.read_text().strip()}
-    if nb is None or not rep_path.exists():
-        return out
-    try:
-        report = load_report(rep_path, point["study"])
-    except ReportError as e:
-        return {**out, "status": "failed", "error": str(e).splitlines()[0]}
-    arms = report.get("arms") if isinstance(report.get("arms"), dict) else {}
-    ended = {"": report.get("status", "complete"),
-             **{f" ({a} arm)": v.get("status", "complete") for a, v in arms.items() if isinstance(v, dict)}}
-    for where, st in ended.items():
-        if st != "complete":
-            kind = "failed" if st == "failed" else "interrupted" if st in ("interrupted", "not_run") else "pending"
-            return {**out, "status": kind, "error": f"its report says {st}{where}"}
-    cfg = report.get("run_config") or report.get("config") or {}
-    for key, (label, want) in labels(point, preset or point["parameters"].get("preset", "tiny")).items():
-        got = _lookup(cfg, key)
-        if got is _MISSING or got != want:
-            ran = "has no " + key if got is _MISSING else f"ran {key}={got!r}"
-            return {**out, "error": f"labelled {label}, but its report {ran}"}
-    for key, want in point["expect"].items():
-        got = _lookup(cfg, key)
-        if got is _MISSING:
-            return {**out, "error": f"its report's config has no {key}"}
-        if got != want:
-            return {**out, "error": f"its report's config has {key}={got!r}, the point asks for {want!r}"}
-    return {**out, "status": "complete", "report": report}
-
-
-# ----------------------------------------------------------------------------- running points here
 
 class Terminated(Exception):
     """SIGTERM reached the sweep (a scheduler at a job's time limit); raised once its points are stopped."""
@@ -286,6 +190,70 @@ def _estimate_s(point: dict, preset: str) -> float:
     return 2 * float(budget) + 20.0 if point["study"] == "seams" else 60.0
 
 
+class _Points:
+    """What `run` keeps while it runs: every point's status, those still to run, the running ones
+    (each in a slot with its progress bar) and the seconds the finished ones took."""
+
+    def __init__(self, plan: dict, out_dir: Path, jobs: int, progress: bool):
+        from tqdm.auto import tqdm
+        self.tqdm, self.out_dir, self.preset, self.jobs, self.progress = tqdm, out_dir, plan["preset"], jobs, progress
+        self.status = {p["id"]: point_status(out_dir, p, self.preset) for p in plan["points"]}
+        self.todo = [p for p in plan["points"] if self.status[p["id"]]["status"] != "complete"]
+        self.running: dict[int, tuple[_Running, object]] = {}
+        self.durations: list[float] = []
+        self.ran = 0
+        skipped = len(plan["points"]) - len(self.todo)
+        self.bar = tqdm(total=len(self.todo), desc="sweep", unit="point", disable=not progress, dynamic_ncols=True)
+        if skipped:
+            self.bar.write(f"sweep: {skipped} of {len(plan['points'])} points already complete, skipped")
+
+    def reap(self) -> None:
+        """Record every point whose process has ended."""
+        for slot in [s for s, (r, _) in self.running.items() if r.proc.poll() is not None]:
+            r, sub = self.running.pop(slot)
+            r.finish()
+            sub.close()
+            self.status[r.point["id"]] = st = point_status(self.out_dir, r.point, self.preset)
+            self.durations.append(time.monotonic() - r.t0)
+            self.bar.update(1)
+            if st["status"] != "complete" and st["error"]:
+                self.bar.write(f"sweep: {r.point['id']} {st['status']}: {st['error']}")
+
+    def start(self, signals: _Signals) -> None:
+        """Start points into the free slots, each once the point it needs has ended; a point whose
+        checkpoint point did not complete fails at once with one line."""
+        while len(self.running) < self.jobs and signals.got is None:
+            busy = {p["id"] for p in self.todo} | {r.point["id"] for r, _ in self.running.values()}
+            ready = next((p for p in self.todo if not p["needs"] or p["needs"] not in busy), None)
+            if ready is None:
+                return
+            self.todo.remove(ready)
+            need = self.status.get(ready["needs"]) if ready["needs"] else None
+            if need is not None and need["status"] != "complete":
+                atomic_write_text(self.out_dir / ready["dir"] / "error.txt",
+                                  f"its checkpoint point {ready['needs']} {need['status']}: {need['error']}\n")
+                self.status[ready["id"]] = point_status(self.out_dir, ready, self.preset)
+                self.bar.update(1)
+                continue
+            slot = min(set(range(self.jobs)) - set(self.running))
+            est = sum(self.durations) / len(self.durations) if self.durations else _estimate_s(ready, self.preset)
+            sub = self.tqdm(total=round(est), desc=ready["id"][:40], unit="s", position=slot + 1, leave=False,
+                            disable=not self.progress, dynamic_ncols=True,
+                            bar_format="  {desc}: {percentage:3.0f}%|{bar}| {n:.0f}/{total:.0f} s{postfix}")
+            self.running[slot] = (_Running(self.out_dir, ready), sub)
+            self.ran += 1
+
+    def tick(self, poll_s: float) -> None:
+        """Wait a poll, then move each running point's bar on."""
+        time.sleep(poll_s)
+        for r, sub in self.running.values():
+            t = time.monotonic() - r.t0
+            sub.total = max(sub.total, round(t * 1.05) + 1)
+            sub.n = round(t)
+            sub.set_postfix_str(r.last_line(), refresh=False)
+            sub.refresh()
+
+
 def run(plan: dict, out_dir, jobs: int = 1, progress: bool = True, poll_s: float = 0.5) -> dict:
     """Run every point that is not complete (N at once), then collect; returns the sweep.
 
@@ -294,111 +262,29 @@ def run(plan: dict, out_dir, jobs: int = 1, progress: bool = True, poll_s: float
     after SIGTERM, inside a scheduler's usual kill delay), writes sweep.json with them interrupted
     and raises KeyboardInterrupt or Terminated.
     """
-    from tqdm.auto import tqdm
     out_dir = Path(out_dir).resolve()
     write_json(out_dir / "plan.json", plan)
-    status = {p["id"]: point_status(out_dir, p, plan["preset"]) for p in plan["points"]}
-    todo = [p for p in plan["points"] if status[p["id"]]["status"] != "complete"]
-    skipped = len(plan["points"]) - len(todo)
-    bar = tqdm(total=len(todo), desc="sweep", unit="point", disable=not progress, dynamic_ncols=True)
-    if skipped:
-        bar.write(f"sweep: {skipped} of {len(plan['points'])} points already complete, skipped")
-    running: dict[int, tuple[_Running, object]] = {}
-    durations: list[float] = []
-    ran = 0
+    points = _Points(plan, out_dir, jobs, progress)
     with _Signals() as signals:
         try:
-            while todo or running:
+            while points.todo or points.running:
                 signals.check()
-                for slot in [s for s, (r, _) in running.items() if r.proc.poll() is not None]:
-                    r, sub = running.pop(slot)
-                    r.finish()
-                    sub.close()
-                    status[r.point["id"]] = st = point_status(out_dir, r.point, plan["preset"])
-                    durations.append(time.monotonic() - r.t0)
-                    bar.update(1)
-                    if st["status"] != "complete" and st["error"]:
-                        bar.write(f"sweep: {r.point['id']} {st['status']}: {st['error']}")
-                while len(running) < jobs and signals.got is None:
-                    busy = {p["id"] for p in todo} | {r.point["id"] for r, _ in running.values()}
-                    ready = next((p for p in todo if not p["needs"] or p["needs"] not in busy), None)
-                    if ready is None:
-                        break
-                    todo.remove(ready)
-                    need = status.get(ready["needs"]) if ready["needs"] else None
-                    if need is not None and need["status"] != "complete":
-                        folder = out_dir / ready["dir"]
-                        atomic_write_text(folder / "error.txt", f"its checkpoint point {ready['needs']} "
-                                                                f"{need['status']}: {need['error']}\n")
-                        status[ready["id"]] = point_status(out_dir, ready, plan["preset"])
-                        bar.update(1)
-                        continue
-                    slot = min(set(range(jobs)) - set(running))
-                    est = sum(durations) / len(durations) if durations else _estimate_s(ready, plan["preset"])
-                    sub = tqdm(total=round(est), desc=ready["id"][:40], unit="s", position=slot + 1, leave=False,
-                               disable=not progress, dynamic_ncols=True, bar_format="  {desc}: {percentage:3.0f}%|"
-                               "{bar}| {n:.0f}/{total:.0f} s{postfix}")
-                    running[slot] = (_Running(out_dir, ready), sub)
-                    ran += 1
-                if not running:
-                    continue
-                time.sleep(poll_s)
-                for r, sub in running.values():
-                    t = time.monotonic() - r.t0
-                    sub.total = max(sub.total, round(t * 1.05) + 1)
-                    sub.n = round(t)
-                    sub.set_postfix_str(r.last_line(), refresh=False)
-                    sub.refresh()
+                points.reap()
+                points.start(signals)
+                if points.running:
+                    points.tick(poll_s)
         except (KeyboardInterrupt, Terminated) as e:
             term = isinstance(e, Terminated)
             signals.got = signals.got or signal.SIGINT  # from here on, any signal only hurries the stop
-            _stop([r for r, _ in running.values()], "stopped by SIGTERM" if term else "stopped by Ctrl-C",
+            _stop([r for r, _ in points.running.values()], "stopped by SIGTERM" if term else "stopped by Ctrl-C",
                   grace_s=10.0 if term else 30.0, signals=signals)
-            for _, sub in running.values():
+            for _, sub in points.running.values():
                 sub.close()
-            bar.close()
-            collect(out_dir, ran=ran)
+            points.bar.close()
+            collect(out_dir, ran=points.ran)
             raise
-    bar.close()
-    return collect(out_dir, ran=ran)
-
-
-# ----------------------------------------------------------------------------- collecting
-
-def collect(out_dir, ran: int | None = None, target: float | None = None, figures: bool = True) -> dict:
-    """Read every point's files, aggregate, write sweep.json, sweep.csv, sweep_summary.csv, figures."""
-    check_target(target)
-    out_dir = Path(out_dir).resolve()
-    plan = load_plan(out_dir)
-    points = []
-    for p in plan["points"]:
-        st = point_status(out_dir, p, plan["preset"])
-        points.append({"id": p["id"], "study": p["study"], "dir": p["dir"], "grid": p["grid"], "seed": p["seed"],
-                       "status": st["status"], "error": st["error"], "seconds": st["seconds"],
-                       "report": st["report"]})
-    sweep = aggregate(plan, points, target if target is not None else plan.get("target"))
-    counts = {s: sum(p["status"] == s for p in sweep["points"]) for s in STATUSES}
-    sweep.update(status="complete" if counts["complete"] == len(points) else "incomplete", counts=counts,
-                 points_run=ran)
-    write_json(out_dir / "sweep.json", sweep)
-    for name, text in csv_tables(sweep).items():
-        atomic_write_text(out_dir / name, text)
-    if figures:
-        write_figures(sweep_figures(sweep), out_dir / "figures", "sweep_")
-    return sweep
-
-
-def load_sweep(sweep_dir) -> dict:
-    """DIR/sweep.json; a folder with only a plan (points run elsewhere) is collected first."""
-    sweep_dir = Path(sweep_dir)
-    if not (sweep_dir / "sweep.json").exists() and (sweep_dir / "plan.json").exists():
-        return collect(sweep_dir)
-    try:
-        return json.loads((sweep_dir / "sweep.json").read_text())
-    except FileNotFoundError:
-        raise SweepError(f"{sweep_dir}: no sweep.json (run `seamkit sweep ... --out {sweep_dir}`)") from None
-    except (OSError, ValueError) as e:
-        raise SweepError(f"{sweep_dir / 'sweep.json'}: not a readable sweep ({e})") from None
+    points.bar.close()
+    return collect(out_dir, ran=points.ran)
 
 
 def emit_jobs(plan: dict, out_dir, path) -> list[str]:

@@ -18,8 +18,8 @@ import io
 import math
 import statistics
 
-from seamkit.seams.policy import ARMS as ALL_ARMS
 from seamkit.report import provenance
+from seamkit.seams.policy import ARMS as ALL_ARMS
 from seamkit.stats import stats, train_curve_time_to_target
 
 ARMS = ("e2e", "local")  # the reference report's arms, in every seams report
@@ -34,7 +34,8 @@ def _median(values) -> float | None:
     return statistics.median(vals) if vals else None
 
 
-def seams_figures(report: dict) -> dict:
+def seams_numbers(report: dict) -> dict:
+    """A seams report's key figures as numbers (see the module docstring)."""
     out = {}
     arms = report.get("arms", {})
     for arm in [a for a in ALL_ARMS if a in arms] or ARMS:
@@ -55,7 +56,8 @@ def seams_figures(report: dict) -> dict:
     return out
 
 
-def pruning_figures(report: dict) -> dict:
+def pruning_numbers(report: dict) -> dict:
+    """A pruning report's key figures as numbers (see the module docstring)."""
     windows = report.get("windows") or []
     out = {k: _median(w.get(k) for w in windows) for k in ("speedup", "memory_ratio", "reserved_ratio")}
     flop = sorted({k for w in windows for k, v in w.items() if "flop" in k.lower() and _num(v) is not None})
@@ -97,7 +99,7 @@ def aggregate(plan: dict, points: list[dict], target: float | None = None) -> di
         figures = {}
         if p["status"] == "complete":
             rep = p["report"]
-            figures = seams_figures(rep) if p["study"] == "seams" else pruning_figures(rep)
+            figures = seams_numbers(rep) if p["study"] == "seams" else pruning_numbers(rep)
             if p["study"] == "seams" and target is not None:
                 figures.update({f"{arm}_train_curve_time_to_target_s": train_curve_seconds(rep, arm, target)
                                 for arm in rep.get("arms", ARMS)})

@@ -98,7 +98,7 @@ def show_seams_report(report: dict) -> None:
 
 def show_pruning_report(report: dict) -> None:
     """Display a pruning report: the check table, then its figures."""
-    from seamkit.pruning.study import summary_table
+    from seamkit.pruning.report import summary_table
     from seamkit.ui.plots import pruning_figures
     display(_Table(summary_table(report)))
     for fig in pruning_figures(report).values():
@@ -241,17 +241,18 @@ class SeamsPanel(W.VBox):
 
 def window_pattern(cfg: C.RunConfig, index: int) -> dict:
     """Held-out window `index` under cfg's loss policy as a pruning report's `pattern` block
-    (`pruning.study.pattern`: per position dropped by rule A, context, or target), for the plots.
+    (`pruning.report.pattern`: per position dropped by rule A, context, or target), for the plots.
 
     The windows are the ones `pruning.study.prune_check` builds from the same config; the model's
     block count is cfg's (use the preset the checkpoint was trained with).
     """
     from seamkit.pruning import rules as prune
     from seamkit.pruning import study as check
+    from seamkit.pruning.report import pattern
     if not 0 <= index < cfg.prune.windows:
         raise C.ConfigError(f"window {index} is outside 0..{cfg.prune.windows - 1} (prune.windows={cfg.prune.windows})")
     w = check.load_windows(cfg.data, cfg)[index]
-    return check.pattern(w, prune.plan(w), cfg.model.n_blocks, index)
+    return pattern(w, prune.plan(w), cfg.model.n_blocks, index)
 
 
 class PruningPanel(W.VBox):
@@ -345,7 +346,7 @@ class PruningPanel(W.VBox):
 
     def _show_table(self) -> None:
         """The last report's rows for the picked window (noting when the policy has changed since)."""
-        from seamkit.pruning.study import summary_table
+        from seamkit.pruning.report import summary_table
         if self.report is None:
             self.table.value = "<i>press Check to compare the steps on these windows</i>"
             return
