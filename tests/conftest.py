@@ -45,3 +45,27 @@ def default_sigint() -> None:
     process inherited (a suite started in the background from a script ignores SIGINT, and so
     would every child it starts)."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live process below `pid`, multiprocessing's resource tracker and fork server aside
+    (a rank forked by the fork server is its child, and shares its command line)."""
+    def cmdline(p: int) -> bytes:
+        try:
+            return Path(f"/proc/{p}/cmdline").read_bytes()
+        except FileNotFoundError:
+            return b""
+    out, todo = [], [(pid, False)]
+    while todo:
+        p, in_server = todo.pop()
+        try:
+            kids = [int(c) for c in Path(f"/proc/{p}/task/{p}/children").read_text().split()]
+        except FileNotFoundError:
+            continue
+        for c in kids:
+            cmd = cmdline(c)
+            server = b"forkserver" in cmd and not in_server
+            todo.append((c, server))
+            if not server and b"resource_tracker" not in cmd:
+                out.append(c)
+    return out

@@ -3,16 +3,23 @@ study's arms, the calibration of placements, the forecast's measurements), and t
 point for an arm on a cluster.
 
 `spawn(fn, world, args, events)` starts `world` processes with torch's own launcher
-(`torch.multiprocessing.start_processes`, spawn), joined by a c10d rendezvous: this process hosts
+(`torch.multiprocessing.start_processes`), joined by a c10d rendezvous: this process hosts
 a TCPStore, each rank connects to it and `init_process_group` builds gloo (CPU) or NCCL (CUDA,
 one GPU per rank) over it. Rank r runs `fn(rank, world, events, *args)`; what it returns, and
 any error it raises, come back on the `events` queue beside whatever it sends there itself.
 `run_ranks` does that and waits for the results.
 
+Start method. On Linux the ranks are forked from a fork server that imported torch and seamkit
+once (`context`), not started as fresh interpreters: an arm's process then starts in a fraction
+of a second instead of paying torch's import (seconds of a core) again. The fork server is a
+clean process that has run no tensor work, so nothing is forked mid-thread; it inherited this
+process's environment when it started, so each rank takes this process's environment as it is
+at `spawn` (`_entry`). Elsewhere: spawn.
+
 Faults. A rank that raises sends its rank, the time and one line and exits; its peers' pending
 messages then fail ("connection closed"). The first death stops the others, and the error names
 the rank that failed first on its own (a rank whose peer vanished ranks after one that failed on
-its own, then the earliest). A rank dies with this process (Linux: PR_SET_PDEATHSIG). Ctrl-C:
+its own, then the earliest). A rank dies with this process (a thread waiting on its pidfd). Ctrl-C:
 only rank 0 acts on it (`words.on_sigint`: between steps; a second one a second later, at once),
 the others follow rank 0's word.
 
@@ -27,8 +34,11 @@ import datetime
 import os
 import pickle
 import queue
+import select
 import signal
 import sys
+import tempfile
+import threading
 import time
 import traceback
 from typing import Callable
@@ -40,6 +50,9 @@ import torch.multiprocessing as tmp
 from seamkit.config import SeamkitError
 
 TIMEOUT_S = 120.0  # the process group's timeout
+START_METHOD = "forkserver" if sys.platform.startswith("linux") else "spawn"
+# what the fork server imports once: torch, the arm's modules and the pipe's and dp's steps
+PRELOAD = ["seamkit.seams.processes", "seamkit.seams.schedules", "seamkit.seams.ddp"]
 COMM_ERRORS = ("Connection closed by peer", "Connection reset", "Broken pipe", "Timed out", "timed out",
                "DistNetworkError", "DistBackendError", "ECONNRESET", "connection closed")
 
@@ -65,23 +78,46 @@ def backend_of(device: torch.device) -> str:
 
 # ----------------------------------------------------------------------------- one rank
 
-def _die_with_parent(parent: int) -> None:
-    """A rank dies with the process that started it (Linux), so a killed launcher leaves no orphans."""
-    if sys.platform.startswith("linux"):
+def _die_with(launcher: int) -> None:
+    """This rank dies with the process that launched it, so a killed launcher leaves no orphans: a
+    daemon thread waits for the launcher's end (its pidfd; where there is none, a poll every
+    second). Not PR_SET_PDEATHSIG: a forked rank's parent is the fork server, which lives on while
+    its ranks do."""
+    def gone() -> bool:
         try:
-            import ctypes
-            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-        except OSError:
-            return
-    if os.getppid() != parent:
+            os.kill(launcher, 0)
+            return False
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            return False
+
+    try:
+        fd = os.pidfd_open(launcher)
+    except ProcessLookupError:
         os._exit(1)
+    except (AttributeError, OSError):
+        fd = None
+
+    def watch() -> None:
+        if fd is not None:
+            select.select([fd], [], [])  # readable once the launcher has exited
+        else:
+            while not gone():
+                time.sleep(1.0)
+        os.kill(os.getpid(), signal.SIGKILL)
+    threading.Thread(target=watch, name="seamkit-launcher-watch", daemon=True).start()
 
 
-def _entry(rank: int, fn: Callable, world: int, port: int | None, events, parent: int, backend: str,
-           label: str, args: tuple) -> None:
-    """Body of a spawned rank (`spawn`)."""
+def _entry(rank: int, fn: Callable, world: int, port: int | None, events, launcher: int, backend: str,
+           label: str, args: tuple, env: dict) -> None:
+    """Body of a spawned rank (`spawn`); `env`: the launcher's environment at `spawn`."""
     from seamkit.seams.words import on_sigint
-    _die_with_parent(parent)
+    _die_with(launcher)
+    if os.environ != env:
+        os.environ.clear()
+        os.environ.update(env)
+        tempfile.tempdir = None  # read again from TMPDIR
     signal.signal(signal.SIGINT, on_sigint if rank == 0 else signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     code = 0
@@ -175,13 +211,23 @@ def spawn(fn: Callable, world: int, args: tuple, events, label: str, device: tor
         store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
                               timeout=datetime.timedelta(seconds=TIMEOUT_S))
     backend = backend_of(device or torch.device("cpu"))
+    context()  # the fork server's preload, set before it starts
     ctx = tmp.start_processes(_entry, args=(fn, world, store.port if store else None, events, os.getpid(), backend,
-                                            label, args), nprocs=world, join=False, start_method="spawn")
+                                            label, args, dict(os.environ)), nprocs=world, join=False,
+                              start_method=START_METHOD)
     return Group(ctx, store, world, label)
 
 
+def context():
+    """The multiprocessing context ranks, and the queues and shared values they are given, use."""
+    ctx = tmp.get_context(START_METHOD)
+    if START_METHOD == "forkserver":
+        ctx.set_forkserver_preload(PRELOAD)
+    return ctx
+
+
 def events_queue():
-    return tmp.get_context("spawn").Queue()
+    return context().Queue()
 
 
 def run_ranks(fn: Callable, world: int, *args, label: str = "ranks", on_event: Callable[[dict], None] | None = None,

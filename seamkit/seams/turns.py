@@ -21,7 +21,6 @@ Both sides record each turn's steps, seconds and tokens/s (`slices`): the study'
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import time
 from typing import Callable
 
@@ -123,5 +122,6 @@ class ArmTurns:
 
 
 def table(arms) -> TurnTable:
-    """A TurnTable for spawned ranks."""
-    return TurnTable(mp.get_context("spawn"), arms)
+    """A TurnTable for the launcher's ranks."""
+    from seamkit.seams.launch import context
+    return TurnTable(context(), arms)

@@ -16,7 +16,6 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 import torch
@@ -30,7 +29,7 @@ from seamkit.model import GPT
 from seamkit.seams import study as S
 from seamkit.seams.arm import checkpoint_path
 from seamkit.threads import usable_cores
-from tests.conftest import ROOT
+from tests.conftest import ROOT, descendants
 from tests.seams.study_helpers import measure_once
 
 STEPS = 40  # the stop reaches the ranks a few steps after the callback raises
@@ -77,16 +76,8 @@ def first_points():
 
 
 def children() -> list[int]:
-    """This process's child processes, multiprocessing's resource tracker aside."""
-    pid = os.getpid()
-    out = []
-    for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split():
-        try:
-            if b"resource_tracker" not in Path(f"/proc/{c}/cmdline").read_bytes():
-                out.append(int(c))
-        except FileNotFoundError:
-            continue
-    return out
+    """The processes this one started (ranks forked by its fork server included)."""
+    return descendants(os.getpid())
 
 
 def ids(rep: dict) -> dict:
