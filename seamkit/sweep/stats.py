@@ -19,10 +19,10 @@ import math
 import statistics
 
 from seamkit.report import provenance
-from seamkit.seams.policy import ARMS as ALL_ARMS
+from seamkit.seams.policy import ARMS
 from seamkit.stats import stats, train_curve_time_to_target
 
-ARMS = ("e2e", "local")  # the reference report's arms, in every seams report
+DEFAULT_ARMS = ARMS[:2]  # e2e and local: the arms of a report that names none (the reference report's)
 
 
 def _num(x) -> float | None:
@@ -38,13 +38,13 @@ def seams_numbers(report: dict) -> dict:
     """A seams report's key figures as numbers (see the module docstring)."""
     out = {}
     arms = report.get("arms", {})
-    for arm in [a for a in ALL_ARMS if a in arms] or ARMS:
+    for arm in [a for a in ARMS if a in arms] or DEFAULT_ARMS:
         a = arms.get(arm, {})
         out[f"{arm}_final_loss"] = _num(a.get("final_loss"))
         out[f"{arm}_tokens_per_s"] = _num(a.get("tokens_per_s"))
         mem = a.get("peak_vram_bytes") if a.get("peak_vram_bytes") is not None else a.get("peak_rss_bytes")
         out[f"{arm}_peak_memory_bytes"] = _num(mem)
-    for arm in [a for a in ALL_ARMS[1:] if a in arms] or ARMS[1:]:
+    for arm in [a for a in ARMS[1:] if a in arms] or DEFAULT_ARMS[1:]:
         if out[f"{arm}_final_loss"] is not None and out["e2e_final_loss"] is not None:  # local's is `loss_gap`
             out["loss_gap" if arm == "local" else f"{arm}_loss_gap"] = out[f"{arm}_final_loss"] - out["e2e_final_loss"]
         for k, v in (report.get(f"{arm}_over_e2e") or {}).items():
@@ -91,7 +91,7 @@ def aggregate(plan: dict, points: list[dict], target: float | None = None) -> di
     main = [p for p in points if p["study"] == study]
     done = [p for p in main if p["status"] == "complete"]
     if study == "seams" and target is None:
-        mins = [curve_minimum(p["report"], arm) for p in done for arm in p["report"].get("arms", ARMS)]
+        mins = [curve_minimum(p["report"], arm) for p in done for arm in p["report"].get("arms", DEFAULT_ARMS)]
         mins = [m for m in mins if m is not None]
         target = max(mins) if mins else None
     rows = []
@@ -102,7 +102,7 @@ def aggregate(plan: dict, points: list[dict], target: float | None = None) -> di
             figures = seams_numbers(rep) if p["study"] == "seams" else pruning_numbers(rep)
             if p["study"] == "seams" and target is not None:
                 figures.update({f"{arm}_train_curve_time_to_target_s": train_curve_seconds(rep, arm, target)
-                                for arm in rep.get("arms", ARMS)})
+                                for arm in rep.get("arms", DEFAULT_ARMS)})
         rows.append({**{k: v for k, v in p.items() if k != "report"}, "figures": figures})
     names = list(dict.fromkeys(k for r in rows if r["study"] == study for k in r["figures"]))
     groups: dict = {}
