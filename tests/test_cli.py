@@ -262,3 +262,16 @@ def test_command_line_has_no_traceback(tmp_path):
                           "/proc/seamkit.json"], capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert out.returncode == 2 and "Traceback" not in out.stderr
     assert out.stderr.strip().startswith("seamkit seams: error: cannot write /proc/seamkit.json")
+
+
+def test_an_unknown_start_method_is_one_line(tmp_path):
+    """SEAMKIT_START_METHOD names how ranks start; anything but forkserver or spawn is refused in
+    one line before any work. Planted fault this catches: the value handed to torch as it is (a
+    ValueError traceback from multiprocessing once the first arm starts)."""
+    env = {**os.environ, "SEAMKIT_START_METHOD": "fork"}
+    out = subprocess.run([sys.executable, "-m", "seamkit", "seams", "--preset", "tiny", "--devices", "1",
+                          "--budget", "1", "--out", str(tmp_path / "s.json")], capture_output=True, text=True,
+                         timeout=120, cwd=tmp_path, env=env)
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr[-2000:]
+    assert out.stderr.strip() == "seamkit seams: error: SEAMKIT_START_METHOD='fork': expected forkserver or spawn"
+    assert not (tmp_path / "s.json").exists()

@@ -14,7 +14,10 @@ once (`context`), not started as fresh interpreters: an arm's process then start
 of a second instead of paying torch's import (seconds of a core) again. The fork server is a
 clean process that has run no tensor work, so nothing is forked mid-thread; it inherited this
 process's environment when it started, so each rank takes this process's environment as it is
-at `spawn` (`_entry`). Elsewhere: spawn.
+at `spawn` (`_entry`). What was read when torch loaded (OpenMP's OMP_WAIT_POLICY) and the code of
+the preloaded modules are the fork server's, from its start: a kernel whose seamkit code was
+edited since its first arm ran is restarted, or runs with SEAMKIT_START_METHOD=spawn (fresh
+interpreters, as on other platforms).
 
 Faults. A rank that raises sends its rank, the time and one line and exits; its peers' pending
 messages then fail ("connection closed"). The first death stops the others, and the error names
@@ -50,7 +53,10 @@ import torch.multiprocessing as tmp
 from seamkit.config import SeamkitError
 
 TIMEOUT_S = 120.0  # the process group's timeout
-START_METHOD = "forkserver" if sys.platform.startswith("linux") else "spawn"
+START_ENV = "SEAMKIT_START_METHOD"  # forkserver (Linux's default) or spawn
+START_METHOD = os.environ.get(START_ENV) or ("forkserver" if sys.platform.startswith("linux") else "spawn")
+if START_METHOD not in ("forkserver", "spawn"):
+    raise SeamkitError(f"{START_ENV}={START_METHOD!r}: expected forkserver or spawn")
 # what the fork server imports once: torch, the arm's modules and the pipe's and dp's steps
 PRELOAD = ["seamkit.seams.processes", "seamkit.seams.schedules", "seamkit.seams.ddp"]
 COMM_ERRORS = ("Connection closed by peer", "Connection reset", "Broken pipe", "Timed out", "timed out",
