@@ -200,7 +200,7 @@ def measure_segment(cfg: RunConfig, seg: str, full_rows: int, local: bool, devic
     out.update({k: int(v * scale) for k, v in _flops(parts, local).items()})
     if rows != full_rows:
         out.update({k: v * scale for k, v in out.items() if k.endswith("_s")}, measured_rows=rows)
-    width = torch.empty((), dtype=wire_dtype(cfg)).element_size()
+    width = wire_dtype(cfg).itemsize
     out["activation_bytes"] = 0 if parts.last else full_rows * cfg.model.seq * cfg.model.dim * width
     out["params"] = sum(p.numel() for p in parts.params)
     return out

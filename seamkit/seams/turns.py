@@ -25,6 +25,7 @@ import time
 from typing import Callable
 
 from seamkit.loop import Clock
+from seamkit.seams.launch import context
 
 WAKE_S = 1.0  # a waiting rank looks at the halt flag at least this often
 
@@ -123,5 +124,4 @@ class ArmTurns:
 
 def table(arms) -> TurnTable:
     """A TurnTable for the launcher's ranks."""
-    from seamkit.seams.launch import context
     return TurnTable(context(), arms)

@@ -282,7 +282,7 @@ def wire_dtype(cfg) -> torch.dtype:
 
 def act_bytes(cfg) -> int:
     """The bytes of one step's h_BTC at the wire dtype."""
-    return cfg.data.batch * cfg.model.seq * cfg.model.dim * torch.empty((), dtype=wire_dtype(cfg)).element_size()
+    return cfg.data.batch * cfg.model.seq * cfg.model.dim * wire_dtype(cfg).itemsize
 
 
 def measured(cfg, lay, ranks: list[dict]) -> dict:

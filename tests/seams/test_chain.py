@@ -12,7 +12,6 @@ import torch
 
 from seamkit import checkpoint
 from seamkit import config as C
-from seamkit.data.load import load_corpus
 from seamkit.data.rows import RowLoader
 from seamkit.model import GPT, lm_loss
 from seamkit.seams import inflight as F
@@ -23,11 +22,6 @@ from seamkit.seams.placement import arm_segments
 
 STEPS = 6
 CPU = torch.device("cpu")
-
-
-@pytest.fixture(scope="module")
-def corpus():
-    return load_corpus(C.tiny().data)
 
 
 def _cfg(**kw) -> C.RunConfig:

@@ -8,7 +8,6 @@ import pytest
 import torch
 
 from seamkit import config as C
-from seamkit.data.load import load_corpus
 from seamkit.model import GPT
 from seamkit.seams.arm import ArmSpec, run_arm
 from seamkit.seams.placement import layout
@@ -20,11 +19,6 @@ STEPS, N = H.E2E_STEPS, 2
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     return H.e2e_runs(tmp_path_factory)
-
-
-@pytest.fixture(scope="module")
-def corpus():
-    return load_corpus(C.tiny().data)
 
 
 def test_dp_equals_one_process_on_the_same_global_batch(runs, corpus, tmp_path):

@@ -4,21 +4,14 @@ reaches only what it owns) is `test_no_gradient_crosses_a_seam` in tests/seams/t
 over every objective."""
 
 import numpy as np
-import pytest
 import torch
 
 from seamkit import config as C
-from seamkit.data.load import load_corpus
 from seamkit.data.rows import RowLoader
 from seamkit.model import GPT, lm_loss
 from seamkit.seams import objectives as OBJ
 from seamkit.seams.chain import Chain
 from seamkit.seams.placement import arm_segments
-
-
-@pytest.fixture(scope="module")
-def corpus():
-    return load_corpus(C.tiny().data)
 
 
 def _cfg(objective: str = "aux_head", **kw) -> C.RunConfig:

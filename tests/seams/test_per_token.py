@@ -4,13 +4,7 @@ hand count says."""
 import pytest
 
 from seamkit import config as C
-from seamkit.data.load import load_corpus
 from seamkit.seams.per_token import arm_costs
-
-
-@pytest.fixture(scope="module")
-def corpus():
-    return load_corpus(C.tiny().data)
 
 
 def test_tiny_e2e_flops_per_token_match_a_hand_count(corpus):

@@ -9,7 +9,6 @@ import pytest
 import torch
 
 from seamkit import config as C
-from seamkit.data.load import load_corpus
 from seamkit.seams import wire as W
 from seamkit.seams.arm import ArmSpec, run_arm
 from seamkit.seams.placement import layout
@@ -22,11 +21,6 @@ SCHEDULES = ["gpipe", "1f1b", "interleaved1f1b", "interleavedzb", "zbv", "dualpi
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     return H.e2e_runs(tmp_path_factory)
-
-
-@pytest.fixture(scope="module")
-def corpus():
-    return load_corpus(C.tiny().data)
 
 
 def _lay(case: str):

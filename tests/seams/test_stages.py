@@ -15,7 +15,6 @@ import pytest
 import torch
 
 from seamkit import config as C
-from seamkit.data.load import load_corpus
 from seamkit.seams import wire as W
 from seamkit.seams.arm import ArmSpec, run_arm
 from seamkit.seams.chain import Chain
@@ -57,11 +56,6 @@ def runs(tmp_path_factory):
              for name, (arm, _, fault) in CASES.items()]
     cases.append(("wire_bf16", "wire_probe", H.tiny(WIRE_STEPS), WIRE_STEPS))
     return H.group("chain", d, cases)
-
-
-@pytest.fixture(scope="module")
-def corpus():
-    return load_corpus(C.tiny().data)
 
 
 _TWINS = {}
