@@ -99,13 +99,13 @@ def remove_stale_temporaries(path) -> list[Path]:
     removed = []
     for tmp in path.parent.glob(f"{glob.escape(head)}*.tmp"):
         m = pattern.fullmatch(tmp.name)
-        if m and not _alive(int(m.group(1))):
+        if m and not alive(int(m.group(1))):
             tmp.unlink(missing_ok=True)
             removed.append(tmp)
     return removed
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
     """Whether process `pid` exists on this machine (another user's counts)."""
     if pid == os.getpid():
         return True

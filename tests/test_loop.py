@@ -13,6 +13,7 @@ from seamkit import checkpoint
 from seamkit import config as C
 from seamkit import loop as L
 from seamkit import optim as OPT
+from seamkit.config.sections import EVAL_BATCHES_MAX
 from seamkit.data.load import load_corpus
 from seamkit.data.rows import eval_batches
 from seamkit.model import GPT, lm_loss
@@ -114,7 +115,7 @@ def test_held_out_tokens():
     assert len(L.held_out(corpus, cfg)) == math.ceil(65536 / per_batch)
     ids = corpus.split_docs("val")
     split = int((corpus.offsets[ids + 1] - corpus.offsets[ids]).sum())
-    whole = C.override(cfg, {"train.eval_tokens": 10 ** 9})
+    whole = C.override(cfg, {"train.eval_tokens": EVAL_BATCHES_MAX * per_batch})
     assert len(L.held_out(corpus, whole)) == math.ceil((split - 1) / per_batch)  # the whole split, not a repeat
 
 

@@ -1,9 +1,11 @@
-"""The `seamkit` command: info, train, seams, prune-check, reproduce, data prepare, sweep, forecast.
+"""The `seamkit` command: info, train, seams, prune-check, reproduce, data prepare, data check,
+sweep, forecast.
 
 Every subcommand builds a RunConfig from a preset plus overrides (the same `config.override`
 the notebooks and widgets use), then calls one library function. User errors (a bad config,
-a missing or corrupt checkpoint, an empty corpus...) exit with status 2 and one line; Ctrl-C
-exits with 130 after the library has written what it had.
+a missing or corrupt checkpoint, an empty corpus, an output another run holds...) exit with
+status 2 and one line; Ctrl-C exits with 130 (a study or train run stopped by SIGTERM: 143) after
+the library has written what it had.
 """
 
 from __future__ import annotations

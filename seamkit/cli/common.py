@@ -13,6 +13,7 @@ import tempfile
 from pathlib import Path
 
 from seamkit import config as C
+from seamkit.interrupts import EXIT_CODES
 
 # flags -> the config keys they set
 FLAG_KEYS = (("seed", "train.seed"), ("threads", "train.threads"), ("budget", "train.budget_seconds"),
@@ -97,8 +98,11 @@ def made_dirs_go_on_error(*dirs):
         raise
 
 
-def exit_code(status) -> int:
-    """0 complete, 130 interrupted (as for Ctrl-C, after what was done is written), 1 otherwise."""
-    return {"complete": 0, "interrupted": 130}.get(status, 1)
+def exit_code(status, signal_name: str | None = None) -> int:
+    """0 complete; interrupted: 130, or 143 when SIGTERM stopped it (what a shell reports for a
+    process the signal ended, after what was done is written); 1 otherwise."""
+    if status == "interrupted":
+        return EXIT_CODES.get(signal_name, 130)
+    return {"complete": 0}.get(status, 1)
 
 

@@ -72,8 +72,8 @@ def cmd_train(args) -> int:
         check_writable(out, directory=True)
         summary = train_run(cfg, Path(out), resume=args.resume is not None)
     print(json.dumps({k: summary[k] for k in ("status", "steps", "tokens_per_s", "val_loss", "checkpoint",
-                                              "wall_clock_dependent") if k in summary}, indent=2))
-    return exit_code(summary.get("status"))
+                                              "wall_clock_dependent", "interrupted") if k in summary}, indent=2))
+    return exit_code(summary.get("status"), (summary.get("interrupted") or {}).get("signal"))
 
 
 def add_seams(sub) -> None:
@@ -114,7 +114,7 @@ def cmd_seams(args) -> int:
         report = seams_study(cfg, Path(args.out), resume=args.resume is not None)
     print(summary_table(report))
     print(f"report: {args.out}")
-    return exit_code(report.get("status"))
+    return exit_code(report.get("status"), (report.get("interrupted") or {}).get("signal"))
 
 
 def add_prune_check(sub) -> None:

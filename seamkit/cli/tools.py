@@ -1,5 +1,5 @@
-"""The tool commands: `data prepare`, `sweep` and `forecast`, each its flags beside the function
-that runs it."""
+"""The tool commands: `data prepare`, `data check`, `sweep` and `forecast`, each its flags beside
+the function that runs it."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ from seamkit.cli.common import build_config, check_writable, common_flags, made_
 
 
 def add_data(sub) -> None:
-    p = sub.add_parser("data", help="corpora: `data prepare` tokenizes text into memory-mapped token files")
+    p = sub.add_parser("data", help="corpora: `data prepare` tokenizes text into memory-mapped token files, "
+                                    "`data check` reads all of them")
     data_sub = p.add_subparsers(dest="data_command", required=True)
     p = data_sub.add_parser("prepare", help="tokenize .txt/.jsonl(.gz)/.parquet files into token shards")
     p.add_argument("--corpus", nargs="+", required=True, metavar="PATH",
@@ -23,6 +24,9 @@ def add_data(sub) -> None:
                    help="start a new shard once one holds this many tokens")
     p.add_argument("--text-column", dest="text_column", default="text", help="parquet column holding the text")
     p.set_defaults(fn=cmd_data_prepare)
+    p = data_sub.add_parser("check", help="read every shard of a token folder: its SHA-256 and every token id")
+    p.add_argument("dir", metavar="DIR", help="a token folder from `data prepare`")
+    p.set_defaults(fn=cmd_data_check)
 
 
 def cmd_data_prepare(args) -> int:
@@ -37,6 +41,19 @@ def cmd_data_prepare(args) -> int:
           f"{len(meta['shards'])} shards; train/val/test {sp['train']['tokens']:,}/{sp['val']['tokens']:,}/"
           f"{sp['test']['tokens']:,} tokens")
     print(f"train from it: --set data.corpus={args.out} --set data.tokenizer={meta['tokenizer']}")
+    return 0
+
+
+def cmd_data_check(args) -> int:
+    """One line: "ok: N shards, T tokens", or the first fault found and exit status 1."""
+    from seamkit.data.errors import DataError
+    from seamkit.data.tokenfiles import open_corpus
+    try:
+        corpus = open_corpus(args.dir, None, full=True, progress=True)
+    except DataError as e:
+        print(f"seamkit data check: error: {e}", file=sys.stderr)
+        return 1
+    print(f"ok: {len(corpus.shards)} shards, {corpus.n_tokens():,} tokens")
     return 0
 
 
@@ -155,6 +172,8 @@ def cmd_forecast(args) -> int:
         check_validatable(cfg, measured, devices, host=costs["machine"] if costs else None)
     with made_dirs_go_on_error(Path(args.out).parent):
         check_writable(args.out)
+        if Path(args.out).is_file():  # said before minutes of measuring; the old file stays until the rename
+            print(f"seamkit forecast: replacing existing {args.out} once the new forecast is written", file=sys.stderr)
         report = forecast(cfg, devices, costs=costs, link=link, cores=cores)
         if measured is not None:
             report["validation"] = validate_report(report, measured)

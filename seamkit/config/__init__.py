@@ -35,6 +35,7 @@ from seamkit.config.presets import PRESETS, cpu, preset, seed, tiny
 from seamkit.config.sections import (
     CALIBRATIONS,
     DTYPES,
+    IN_FLIGHT_MAX,
     LR_SCHEDULES,
     OBJECTIVES,
     ORDERS,
@@ -50,7 +51,7 @@ from seamkit.config.sections import (
 )
 from seamkit.seams.policy import ARMS
 
-__all__ = ["ARMS", "CALIBRATIONS", "ConfigError", "DTYPES", "DataConfig", "KINDS", "LR_SCHEDULES", "ModelConfig",
+__all__ = ["ARMS", "CALIBRATIONS", "ConfigError", "DTYPES", "DataConfig", "IN_FLIGHT_MAX", "KINDS", "LR_SCHEDULES", "ModelConfig",
            "OBJECTIVES", "ORDERS", "OneLineParser", "PIPELINE_SCHEDULES", "PRESETS", "Placement", "PruneConfig",
            "RENAMED", "Range", "RunConfig", "SeamkitError", "SeamsConfig", "TOKENIZERS", "TrainConfig", "check_fields",
            "check_policy", "cpu", "dotted_key", "dumps", "from_dict", "name_in", "override", "parse_arms",

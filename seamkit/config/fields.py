@@ -68,12 +68,25 @@ def check_fields(section, owner: str) -> None:
         typ, v, key = types[f.name], getattr(section, f.name), f"{owner}.{f.name}"
         if typ not in (int, float):
             continue
-        if isinstance(v, bool) or not isinstance(v, int if typ is int else (int, float)):
-            raise ConfigError(f"{key} expects {'an int' if typ is int else 'a float'}, got {v!r}")
         rule = f.metadata.get("range", Range())
-        if (typ is float and not math.isfinite(v)) or v not in rule:
+        if isinstance(v, bool) or not isinstance(v, int if typ is int else (int, float)):
+            raise wrong_type(key, typ, rule, v)
+        if (typ is float and not _finite(v)) or v not in rule:
             want = " ".join(filter(None, ["a finite number" if typ is float else "", str(rule)]))
             raise ConfigError(f"{key}={v!r} is out of range: must be {want}")
+
+
+def wrong_type(key: str, typ: type, rule: Range, value) -> ConfigError:
+    """A value that is not the field's type, in one line with the range the field holds."""
+    within = f" {rule}" if str(rule) else ""
+    return ConfigError(f"{key} expects {'an int' if typ is int else 'a float'}{within}, got {value!r}")
+
+
+def _finite(v) -> bool:
+    try:
+        return math.isfinite(v)
+    except OverflowError:  # an int past the largest float
+        return False
 
 
 def one_of(key: str, value, choices) -> None:

@@ -10,7 +10,7 @@ import dataclasses
 import json
 import typing
 
-from seamkit.config.fields import ConfigError
+from seamkit.config.fields import ConfigError, Range, wrong_type
 from seamkit.config.sections import (
     DataConfig,
     ModelConfig,
@@ -20,14 +20,15 @@ from seamkit.config.sections import (
     TrainConfig,
 )
 
-def _coerce(value, typ, key: str):
-    """Turn `value` (maybe a CLI string) into `typ`, or raise a ConfigError naming `key`."""
+def _coerce(value, typ, key: str, rule: Range = Range()):
+    """Turn `value` (maybe a CLI string) into `typ`, or raise a ConfigError naming `key` and the
+    field's `rule`."""
     origin = typing.get_origin(typ)
     if origin is typing.Union or str(origin) == "types.UnionType":
         args = [a for a in typing.get_args(typ) if a is not type(None)]
         if value is None or value == "None":
             return None
-        return _coerce(value, args[0], key)
+        return _coerce(value, args[0], key, rule)
     if typ is bool:
         if isinstance(value, bool):
             return value
@@ -36,28 +37,32 @@ def _coerce(value, typ, key: str):
         raise ConfigError(f"{key} expects a bool, got {value!r}")
     if typ is int:
         if isinstance(value, bool):
-            raise ConfigError(f"{key} expects an int, got {value!r}")
+            raise wrong_type(key, int, rule, value)
         if isinstance(value, int):
             return value
-        if isinstance(value, float) and value.is_integer():
+        # past 2**53 a float is no longer the whole number it was typed as (1e23 is 99999999999999991611392)
+        if isinstance(value, float) and value.is_integer() and abs(value) <= 2 ** 53:
             return int(value)
         if isinstance(value, str):
             try:
                 return int(value)
             except ValueError:
                 pass
-        raise ConfigError(f"{key} expects an int, got {value!r}")
+        raise wrong_type(key, int, rule, value)
     if typ is float:
         if isinstance(value, bool):
-            raise ConfigError(f"{key} expects a float, got {value!r}")
+            raise wrong_type(key, float, rule, value)
         if isinstance(value, (int, float)):
-            return float(value)
+            try:
+                return float(value)
+            except OverflowError:  # an int past the largest float
+                raise wrong_type(key, float, rule, value) from None
         if isinstance(value, str):
             try:
                 return float(value)
             except ValueError:
                 pass
-        raise ConfigError(f"{key} expects a float, got {value!r}")
+        raise wrong_type(key, float, rule, value)
     if typ is str:
         if isinstance(value, str):
             return value
@@ -85,7 +90,8 @@ def override(cfg: RunConfig, overrides: dict | None = None, **kw) -> RunConfig:
             continue
         sec, name = key.split(".", 1)
         hints = typing.get_type_hints(type(sections[sec]))
-        new[sec][name] = _coerce(value, hints[name], f"{sec}.{name}")
+        rule = next(f for f in dataclasses.fields(sections[sec]) if f.name == name).metadata.get("range", Range())
+        new[sec][name] = _coerce(value, hints[name], f"{sec}.{name}", rule)
     built = {name: type(sec)(**new[name]) for name, sec in sections.items()}
     return RunConfig(**built, **top)
 

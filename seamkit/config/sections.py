@@ -22,6 +22,18 @@ DTYPES = ("float32", "float64", "bfloat16")
 LR_SCHEDULES = ("budget", "steps")
 ORDERS = ("interleaved", "sequential")
 
+# What a study does off its budget's clock (before the arms start, between and after them) is
+# sized by config values; each has a ceiling, so no value can stall a study before its budget
+# starts or after it ends. The fixed ones are declared with their fields, the relative ones
+# checked by `RunConfig` (`_check_off_clock`).
+IN_FLIGHT_MAX = 64  # delayed arm: steps the first segment waits for its gradient, delay*(segments-1)
+EVAL_BATCHES_MAX = 1024  # held-out batches per evaluation (train.eval_tokens over data.batch*model.seq)
+CURVE_POINTS_MAX = 10_000  # loss-curve points per arm, each marked before step 0 and kept in the report
+REPEATS_MAX = 100  # seeds per study, each a whole study of every arm
+TOKEN_MARKS_MAX = 16  # equal-token marks; an arm keeps 8x as many weight snapshots on disk through a repeat
+CALIBRATE_STEPS_MAX = 1000  # steps per calibration candidate and round
+CALIBRATE_ROUNDS_MAX = 16  # calibration rounds per candidate
+
 
 @dataclass
 class ModelConfig:
@@ -72,11 +84,14 @@ class TrainConfig:
     device: str = "auto"  # "auto" (cuda if present), "cpu" or "cuda"
     dtype: str = "float32"  # parameter dtype on CPU; on CUDA float32 weights run under bf16 autocast
     threads: int = ranged(0, ge=0)  # torch threads per process; 0: the free cores (seamkit.threads), shared by ranks
-    curve_points: int = ranged(41, ge=2)  # training-loss points spread over the budget, the first at step 0
+    curve_points: int = ranged(41, ge=2, le=CURVE_POINTS_MAX)  # loss-curve points over the budget, the first at step 0
     checkpoint_every_s: float = ranged(0.0, ge=0)  # also checkpoint every this many training seconds; 0: only at the end
     lr_schedule: str = "budget"  # "budget": warm-up and cosine follow the share of the budget spent; "steps": by step
     warmup_frac: float = ranged(0.02, ge=0, lt=1)  # budget schedule: warm-up share of the run (floor to peak)
-    eval_tokens: int = ranged(32768, gt=0)  # held-out tokens per evaluation: whole batches (at least one), val split if smaller
+    # held-out tokens per evaluation: whole batches (at least one), the val split if smaller; at most
+    # EVAL_BATCHES_MAX batches (`RunConfig`): its standard error is 1/32 of one batch's spread by then, and
+    # each evaluation runs off the clock
+    eval_tokens: int = ranged(32768, gt=0)
     compile: bool = False  # torch.compile each block for training (seamkit.accel); meant for CUDA
 
     def __post_init__(self):
@@ -96,14 +111,20 @@ class SeamsConfig:
     aux_classes: int = ranged(8192, gt=0)  # aux_head: K most frequent training tokens (+1 "other"), capped at vocab
     order: str = "interleaved"  # "interleaved": the arms take turns in slices; "sequential": one after the other
     slice_seconds: float = ranged(2.0, gt=0)  # interleaved: training seconds an arm runs before the next one's turn
-    repeats: int = ranged(1, gt=0)  # seeds train.seed, train.seed+1, ...; every arm shares each seed (paired)
-    token_marks: int = ranged(3, gt=0)  # held-out loss of every arm at this many equal token counts
+    repeats: int = ranged(1, gt=0, le=REPEATS_MAX)  # seeds train.seed, +1, ...; every arm shares each (paired)
+    token_marks: int = ranged(3, gt=0, le=TOKEN_MARKS_MAX)  # held-out loss of every arm at this many equal token counts
     devices: int = ranged(0, ge=0)  # the hardware budget every arm gets (seams.placement); 0: auto (free cores, or every GPU)
     placement: str = "best"  # best: each arm its fastest placement here; or e2e=single|dp|pipe:SCHEDULE:M,local=single|stages
     calibration: str = "auto"  # placement=best: auto (a committed calibration of this host, re-timed, else run), run, bench
-    calibrate_steps: int = ranged(12, ge=4)  # calibration: steps per candidate (the first quarter is warm-up)
-    calibrate_rounds: int = ranged(2, ge=1)  # calibration: runs per candidate, order reversed each round; the median
-    delay: int = ranged(1, ge=0)  # delayed arm: steps an output-gradient takes to cross each seam backwards
+    # calibration, before the budget starts: steps per candidate (the first quarter is warm-up); the speed
+    # drifts 10-20% between minutes (what the rounds are for), so past a few hundred steps it settles no further
+    calibrate_steps: int = ranged(12, ge=4, le=CALIBRATE_STEPS_MAX)
+    calibrate_rounds: int = ranged(2, ge=1, le=CALIBRATE_ROUNDS_MAX)  # runs per candidate (order reversed each round)
+    # delayed arm: steps an output-gradient takes to cross each seam backwards. Segment k of S waits
+    # delay*(S-1-k) steps for its gradient and keeps that many batches in flight (with stashing, a weight
+    # copy each: about 85 MiB a step of depth on the cpu preset). delay*(S-1) is at most IN_FLIGHT_MAX
+    # (`RunConfig`): past it the first segment learns nothing for a fifth of a cpu-preset arm's ~300 steps
+    delay: int = ranged(1, ge=0, le=IN_FLIGHT_MAX)
     weight_stashing: bool = True  # delayed arm: backward under the weights batch t's forward used (else the current ones)
     local_weight: float = ranged(0.0, ge=0)  # delayed arm: weight of each segment's aux_head loss gradient; 0: none
     arms: str = "e2e,local"  # the study's arms: a comma list of distinct names from e2e, local, delayed (e2e always)
@@ -183,6 +204,7 @@ class RunConfig:
             raise ConfigError(f"model.vocab={self.model.vocab} is smaller than the {self.data.tokenizer} "
                               f"tokenizer's {need} ids")
         self.seam_blocks  # noqa: B018 -- a bad seam spec fails when the config is built
+        _check_off_clock(self)
 
     @property
     def seam_blocks(self) -> list[int]:
@@ -196,6 +218,19 @@ class RunConfig:
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+
+def _check_off_clock(cfg: RunConfig) -> None:
+    """The ceilings relative to other sections (the fixed ones are each field's range): the held-out
+    batches of an evaluation, and the delayed arm's pipeline depth over the seams it crosses."""
+    per_batch = cfg.data.batch * cfg.model.seq
+    if cfg.train.eval_tokens > EVAL_BATCHES_MAX * per_batch:
+        raise ConfigError(f"train.eval_tokens={cfg.train.eval_tokens} is out of range: must be <= "
+                          f"{EVAL_BATCHES_MAX * per_batch} ({EVAL_BATCHES_MAX} batches of data.batch*model.seq)")
+    crossed = len(cfg.seam_segments) - 1
+    if "delayed" in cfg.seams.arm_names and cfg.seams.delay * crossed > IN_FLIGHT_MAX:
+        raise ConfigError(f"seams.delay={cfg.seams.delay} is out of range: must be <= {IN_FLIGHT_MAX // crossed} "
+                          f"with {crossed + 1} segments (delay*(segments-1) <= {IN_FLIGHT_MAX} steps in flight)")
 
 
 def tokenizer_vocab(name: str) -> int:

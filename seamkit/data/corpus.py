@@ -46,6 +46,11 @@ class Corpus:
     def doc(self, i) -> np.ndarray:
         return self.tokens[self.offsets[i]:self.offsets[i + 1]]
 
+    def out_of_vocab(self, i: int, token_id: int) -> DataError:
+        """The one-line error for document i holding `token_id`, outside the tokenizer's ids."""
+        return DataError(f"corpus {self.name}: document {i} holds token id {token_id}, outside the "
+                         f"{self.tokenizer.name} tokenizer's {self.tokenizer.n_vocab} ids")
+
     def split_docs(self, split: str) -> np.ndarray:
         """Document indices of a split; DataError for an unknown or empty split."""
         if split not in self.splits:
@@ -73,6 +78,21 @@ class Corpus:
         """What a report records about the corpus: its name, tokenizer and size per split."""
         return {"name": self.name, "tokenizer": self.tokenizer.name, "documents": self.n_docs,
                 "tokens": self.n_tokens(), "split_tokens": {s: self.n_tokens(s) for s in SPLITS if len(self.splits[s])}}
+
+
+def check_vocab(corpus: Corpus, ids: np.ndarray, docs: list[int], pieces: list[np.ndarray]) -> None:
+    """Every id of a batch lies in the tokenizer's vocabulary, or DataError naming the first
+    document that holds one outside it. `ids`: the batch's tokens, `pieces` of documents `docs`
+    back to back. One max over `ids` when all is well, before the ids reach the model, whose
+    embedding would raise IndexError on them (a shard changed where no open check reads)."""
+    if corpus.tokenizer is None:  # ids made up without a tokenizer (a synthetic corpus): no vocabulary to hold
+        return
+    n_vocab = corpus.tokenizer.n_vocab
+    if len(ids) == 0 or ids.max() < n_vocab:
+        return
+    for i, piece in zip(docs, pieces):
+        if len(piece) and piece.max() >= n_vocab:
+            raise corpus.out_of_vocab(i, int(piece[np.argmax(piece >= n_vocab)]))
 
 
 def encode_document(text: str, tok: Tokenizer) -> tuple[list[int], int]:

@@ -37,7 +37,14 @@ from seamkit.data.documents import (
     split_by_hash,
 )
 from seamkit.data.errors import DataError
-from seamkit.data.tokencheck import FORMAT, META, PER_DOC, token_dtype
+from seamkit.data.tokencheck import (
+    FORMAT,
+    META,
+    PER_DOC,
+    SAMPLE,
+    sample_sha256,
+    token_dtype,
+)
 from seamkit.data.tokenizers import get_tokenizer
 from seamkit.report import atomic_write_text
 
@@ -79,10 +86,11 @@ def _chunks(paths: list[Path], text_column: str, bar):
 
 class _Writer:
     """Appends encoded chunks to the shards and the per-document files of an output directory,
-    hashing every byte it writes (the checksums of meta.json)."""
+    hashing every byte it writes (the checksums of meta.json); each shard also gets its largest
+    token id and the SHA-256 of the blocks `sample` picks (what every open checks)."""
 
-    def __init__(self, out: Path, dtype: np.dtype, shard_tokens: int):
-        self.out, self.dtype, self.shard_tokens = out, dtype, shard_tokens
+    def __init__(self, out: Path, dtype: np.dtype, shard_tokens: int, sample: dict):
+        self.out, self.dtype, self.shard_tokens, self.sample = out, dtype, shard_tokens, sample
         self.files = {name: open(out / f"{name}.bin", "wb") for name in PER_DOC}
         self.sha = {name: hashlib.sha256() for name in PER_DOC}
         self._put("offsets", np.zeros(1, np.int64))
@@ -101,7 +109,7 @@ class _Writer:
             name = f"tokens-{len(self.shards):05d}.bin"
             self.shard, self.shard_sha = open(self.out / name, "wb"), hashlib.sha256()
             self.shards.append({"file": name, "first_doc": self.n_docs, "first_token": self.n_tokens,
-                                "docs": 0, "tokens": 0})
+                                "docs": 0, "tokens": 0, "max_id": 0})
         self.shard.write(c["tokens"].tobytes())
         self.shard_sha.update(c["tokens"].tobytes())
         self._put("offsets", (self.n_tokens + np.cumsum(c["lens"])).astype(np.int64))
@@ -111,12 +119,15 @@ class _Writer:
         n = len(c["lens"])
         self.shards[-1]["docs"] += n
         self.shards[-1]["tokens"] += len(c["tokens"])
+        self.shards[-1]["max_id"] = max(self.shards[-1]["max_id"], int(c["tokens"].max()))
         self.n_docs, self.n_tokens = self.n_docs + n, self.n_tokens + len(c["tokens"])
 
     def _close_shard(self) -> None:
         if self.shard is not None:
             _sync_close(self.shard)
             self.shards[-1]["sha256"] = self.shard_sha.hexdigest()
+            self.shards[-1]["sample_sha256"] = sample_sha256(self.out / self.shards[-1]["file"], self.dtype,
+                                                             self.sample)
             self.shard = None
 
     def finish(self) -> dict[str, str]:
@@ -212,7 +223,7 @@ def _write(files: list[Path], tok, tmp: Path, workers: int, shard_tokens: int, t
            progress: bool) -> dict:
     """Every document of `files` into the token directory `tmp`; its meta.json, written last."""
     try:
-        writer = _Writer(tmp, token_dtype(tok.n_vocab), shard_tokens)
+        writer = _Writer(tmp, token_dtype(tok.n_vocab), shard_tokens, dict(SAMPLE))
     except OSError as e:
         raise DataError(f"cannot write {tmp}: {e.strerror or e}") from None
     total = sum(p.stat().st_size for p in files)
@@ -231,6 +242,7 @@ def _write(files: list[Path], tok, tmp: Path, workers: int, shard_tokens: int, t
         offsets = np.memmap(tmp / "offsets.bin", np.int64, mode="r")
         meta = {"format": FORMAT, "tokenizer": tok.name, "dtype": writer.dtype.name, "documents": writer.n_docs,
                 "tokens": writer.n_tokens, "shards": writer.shards, "splits": {}, "checksums": checksums,
+                "sample": writer.sample,
                 "sources": [str(p) for p in files], "text_column": text_column}
         for s in SPLITS:
             ids = splits[s].astype(np.int64)

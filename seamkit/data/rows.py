@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from seamkit.data.corpus import Corpus
+from seamkit.data.corpus import Corpus, check_vocab
 from seamkit.data.errors import DataError
 
 
@@ -39,8 +39,9 @@ class _Stream:
         return self._epochs[epoch]
 
     def take(self, epoch: int, position: int, n: int) -> np.ndarray:
-        """n tokens starting at (epoch, position), running on into later epochs."""
-        out = []
+        """n tokens starting at (epoch, position), running on into later epochs; every id in the
+        tokenizer's vocabulary (`corpus.check_vocab`, one max over the ids)."""
+        out, docs = [], []
         while n > 0:
             order, ends = self.epoch_layout(epoch)
             k = int(np.searchsorted(ends, position, side="right"))  # the document holding `position`
@@ -48,10 +49,13 @@ class _Stream:
                 start = int(ends[k - 1]) if k else 0
                 piece = self.corpus.doc(int(order[k]))[position - start:position - start + n]
                 out.append(piece)
+                docs.append(int(order[k]))
                 n -= len(piece)
                 position, k = position + len(piece), k + 1
             epoch, position = epoch + 1, 0
-        return np.concatenate(out)
+        ids = np.concatenate(out)
+        check_vocab(self.corpus, ids, docs, out)
+        return ids
 
 
 def _rows(chunk: np.ndarray, batch: int, seq: int, device) -> tuple[torch.Tensor, torch.Tensor]:

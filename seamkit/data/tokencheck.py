@@ -2,8 +2,12 @@
 sizes and checksums, and arrays that agree with each other (seamkit.data.tokenfiles).
 
 Every check raises `DataError` in one line naming the file at fault. What is checked on every
-open costs a read of the per-document arrays (20 bytes a document) and a stat of each shard;
-reading the shards themselves (their SHA-256 and the largest token id) is `full=True`.
+open costs a read of the per-document arrays (20 bytes a document) and a sample of each shard:
+`blocks` blocks of `block_bytes` (meta.json's "sample"; the first, the last and the rest evenly
+between), whose token ids must lie in the vocabulary and at most the shard's recorded largest id,
+and whose SHA-256 must match the one prepare recorded. A change outside the sample passes that;
+reading every shard (SHA-256 and token ids) is `full=True`, `seamkit data check DIR`. A folder
+prepared before shards had a sample still opens: its sample's ids are checked, nothing more.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import re
 from pathlib import Path
 
 import numpy as np
+from tqdm.auto import tqdm
 
 from seamkit.data.documents import SPLITS
 from seamkit.data.errors import DataError
@@ -25,6 +30,10 @@ META_FIELDS = {"format": int, "tokenizer": str, "dtype": str, "documents": int, 
                "shards": list, "splits": dict, "checksums": dict}
 SHARD_FIELDS = {"file": str, "first_doc": int, "first_token": int, "docs": int, "tokens": int, "sha256": str}
 SPLIT_FIELDS = {"documents": int, "tokens": int}
+# the sample every open reads of each shard (see the module docstring), in meta.json's "sample";
+# a folder without one is read at these sizes for its token ids alone
+SAMPLE = {"blocks": 8, "block_bytes": 1 << 16}
+SAMPLE_SHARD_FIELDS = {"sample_sha256": str, "max_id": int}
 SHARD_NAME = re.compile(r"tokens-\d{5}\.bin")  # a bare name: meta.json never points outside its directory
 SHA256 = re.compile(r"[0-9a-f]{64}")
 
@@ -95,6 +104,22 @@ def check_meta(meta, path: Path, n_vocab) -> None:
     for name in checked_files():
         if not (isinstance(meta["checksums"].get(name), str) and SHA256.fullmatch(meta["checksums"][name])):
             raise DataError(f"{path}: checksums has no SHA-256 of {name}")
+    if "sample" in meta:
+        _check_sample_meta(meta, path, int(n_vocab(meta["tokenizer"])))
+
+
+def _check_sample_meta(meta: dict, path: Path, n_vocab: int) -> None:
+    _fields("sample", meta["sample"], {name: int for name in SAMPLE}, path)
+    blocks, block_bytes = meta["sample"]["blocks"], meta["sample"]["block_bytes"]
+    if blocks < 2 or block_bytes < 1 or block_bytes % np.dtype(meta["dtype"]).itemsize:
+        raise DataError(f"{path}: sample is {meta['sample']}; it needs 2 or more blocks of a whole number of "
+                        f"{meta['dtype']} ids")
+    for k, shard in enumerate(meta["shards"]):
+        _fields(f"shards[{k}]", shard, SAMPLE_SHARD_FIELDS, path)
+        if not SHA256.fullmatch(shard["sample_sha256"]):
+            raise DataError(f"{path}: shards[{k}].sample_sha256 is not a SHA-256")
+        if shard["max_id"] >= n_vocab:
+            raise DataError(f"{path}: shards[{k}].max_id {shard['max_id']} is outside the tokenizer's {n_vocab} ids")
 
 
 def check_checksums(root: Path, meta: dict) -> None:
@@ -151,18 +176,89 @@ def check_arrays(root: Path, meta: dict, per_doc: dict, splits: dict) -> None:
                         f"splits; the splits must partition the documents")
 
 
-def check_shards(root: Path, meta: dict, n_vocab: int, chunk: int = 1 << 24) -> None:
-    """The full check: each shard's SHA-256, and no token id outside the vocabulary. Plain reads
-    of `chunk` bytes, so the scan leaves nothing resident."""
-    dtype = np.dtype(meta["dtype"])
+def sample_blocks(f, size: int, itemsize: int, sample: dict):
+    """(byte offset, bytes) of each sampled block of an open shard of `size` bytes: `blocks`
+    blocks of `block_bytes` from the first byte to the last, evenly spaced (on whole ids), or
+    the whole shard when it is no longer than the blocks together. Depends on the size alone,
+    so prepare and every later open read the same bytes."""
+    blocks, block = sample["blocks"], sample["block_bytes"]
+    if size <= blocks * block:
+        starts = [0]
+        block = size
+    else:
+        starts = [k * (size - block) // (blocks - 1) // itemsize * itemsize for k in range(blocks)]
+    for start in starts:
+        f.seek(start)
+        yield start, f.read(block)
+
+
+def sample_sha256(path: Path, dtype: np.dtype, sample: dict) -> str:
+    """The SHA-256 of a shard's sampled blocks, back to back."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for _, block in sample_blocks(f, path.stat().st_size, dtype.itemsize, sample):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _id_error(path: Path, ids: np.ndarray, first: int, top: int, what: str) -> DataError:
+    """The first id of `ids` (read from token `first` of the shard) above `top`, in one line;
+    `what` says what `top` is."""
+    i = int(np.argmax(ids > top))
+    return DataError(f"{path}: token id {int(ids[i])} is {what} (token {first + i:,} of the shard): the shard "
+                     f"changed after `seamkit data prepare` wrote it")
+
+
+def _vocab(n_vocab: int) -> str:
+    return f"outside the tokenizer's {n_vocab} ids"
+
+
+def check_samples(root: Path, meta: dict, n_vocab: int) -> None:
+    """The check of every open: each shard's sampled blocks hold ids in the vocabulary and at most
+    the shard's recorded largest id, and hash to the recorded SHA-256 (when meta.json has them)."""
+    dtype, sample = np.dtype(meta["dtype"]), meta.get("sample", SAMPLE)
     for shard in meta["shards"]:
-        path, h, top = root / shard["file"], hashlib.sha256(), -1
+        path, h = root / shard["file"], hashlib.sha256()
         with open(path, "rb") as f:
-            while block := f.read(chunk - chunk % dtype.itemsize):
+            for start, block in sample_blocks(f, path.stat().st_size, dtype.itemsize, sample):
+                ids, first = np.frombuffer(block, dtype), start // dtype.itemsize
+                top = int(ids.max()) if len(ids) else -1
+                if top >= n_vocab:
+                    raise _id_error(path, ids, first, n_vocab - 1, _vocab(n_vocab))
+                if top > shard.get("max_id", top):
+                    raise _id_error(path, ids, first, shard["max_id"],
+                                    f"above {shard['max_id']}, the shard's largest id in meta.json")
                 h.update(block)
-                top = max(top, int(np.frombuffer(block, dtype).max()))
-        if h.hexdigest() != shard["sha256"]:
-            raise DataError(f"{path}: SHA-256 differs from the one meta.json holds: the shard changed after "
-                            f"`seamkit data prepare` wrote it")
-        if top >= n_vocab:
-            raise DataError(f"{path}: token id {top} is outside the tokenizer's {n_vocab} ids")
+        if "sample_sha256" in shard and h.hexdigest() != shard["sample_sha256"]:
+            raise DataError(f"{path}: SHA-256 of its sampled blocks differs from the one meta.json holds: the shard "
+                            f"changed after `seamkit data prepare` wrote it")
+
+
+def check_shards(root: Path, meta: dict, n_vocab: int, chunk: int = 1 << 24, progress: bool = False) -> None:
+    """The full check: each shard's SHA-256, and no token id outside the vocabulary. Plain reads
+    of `chunk` bytes, so the scan leaves nothing resident; `progress`: a bar over the bytes."""
+    dtype = np.dtype(meta["dtype"])
+    total = sum(shard["tokens"] for shard in meta["shards"]) * dtype.itemsize
+    with tqdm(total=total, unit="B", unit_scale=True, desc=f"data check {root.name}", disable=not progress,
+              mininterval=1.0) as bar:
+        try:
+            for shard in meta["shards"]:
+                _check_shard(root / shard["file"], shard, dtype, n_vocab, chunk - chunk % dtype.itemsize, bar)
+        except BaseException:
+            bar.leave = False  # the error line alone, not a bar stopped part way
+            raise
+
+
+def _check_shard(path: Path, shard: dict, dtype: np.dtype, n_vocab: int, chunk: int, bar) -> None:
+    h, done = hashlib.sha256(), 0
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            ids = np.frombuffer(block, dtype)
+            if ids.max() >= n_vocab:
+                raise _id_error(path, ids, done, n_vocab - 1, _vocab(n_vocab))
+            h.update(block)
+            done += len(ids)
+            bar.update(len(block))
+    if h.hexdigest() != shard["sha256"]:
+        raise DataError(f"{path}: SHA-256 differs from the one meta.json holds: the shard changed after "
+                        f"`seamkit data prepare` wrote it")

@@ -4,11 +4,14 @@ prepare --corpus PATH... --tokenizer qwen|bytes --out DIR`) and read through np.
 `--set data.corpus=DIR` trains from it: `load.load_corpus` sees a directory and calls
 `open_corpus`, which memory-maps every file; `RowLoader` then copies out only the documents
 each batch touches. `open_corpus` checks what it opens (seamkit.data.tokencheck): meta.json's
-fields, every file's size, the SHA-256 of the per-document arrays, and offsets that fit the shards.
+fields, every file's size, the SHA-256 of the per-document arrays, offsets that fit the shards,
+and a sample of each shard (its token ids and SHA-256); `full=True` (`seamkit data check DIR`)
+reads every shard whole.
 
 Layout of DIR (all arrays little-endian, raw, no header; meta.json says dtype and length):
-  meta.json                 format, tokenizer, dtype, counts, the shards (each with its SHA-256),
-                            the splits' sizes and the SHA-256 of every file below but the shards
+  meta.json                 format, tokenizer, dtype, counts, the shards (each with its SHA-256,
+                            largest token id and the SHA-256 of its sampled blocks), the sample's
+                            sizes, the splits' sizes and the SHA-256 of every file below but the shards
   tokens-00000.bin ...      token ids, uint16 for "bytes" and uint32 for "qwen"; whole documents
                             back to back, a new shard once one holds `shard_tokens` or more
   offsets.bin               int64 (n_docs + 1): document i is corpus tokens [offsets[i], offsets[i+1])
@@ -36,6 +39,7 @@ from seamkit.data.tokencheck import (
     check_arrays,
     check_checksums,
     check_meta,
+    check_samples,
     check_shards,
 )
 from seamkit.data.tokenizers import get_tokenizer
@@ -107,6 +111,12 @@ class TokenCorpus(Corpus):
                     d = stop
         return counts
 
+    def out_of_vocab(self, i: int, token_id: int) -> DataError:
+        sh = self.meta["shards"][int(np.searchsorted(self.shard_first_doc, i, side="right")) - 1]
+        return DataError(f"{self.root / sh['file']}: document {i} holds token id {token_id}, outside the "
+                         f"{self.tokenizer.name} tokenizer's {self.tokenizer.n_vocab} ids: the shard changed after "
+                         f"`seamkit data prepare` wrote it (`seamkit data check {self.root}` reads every shard)")
+
     def __repr__(self) -> str:
         return f"TokenCorpus({self.root}, {self.meta['tokens']:,} {self.tokenizer.name} tokens)"
 
@@ -119,12 +129,14 @@ def _no_tokens(self):
 TokenCorpus.tokens = property(_no_tokens, lambda self, value: None)
 
 
-def open_corpus(root, tokenizer: str, full: bool = False) -> TokenCorpus:
+def open_corpus(root, tokenizer: str | None, full: bool = False, progress: bool = False) -> TokenCorpus:
     """Memory-map a token directory, checked first (seamkit.data.tokencheck): DataError in one
     line naming the file when meta.json is missing, incomplete or of another format, the
-    corpus was prepared with another tokenizer, a file's size or checksum does not match
-    meta.json, or the arrays disagree (offsets past a shard, splits that do not partition).
-    `full`: also read every shard (its SHA-256 and token ids), as long as the shards are big.
+    corpus was prepared with another tokenizer (None: take the one it was prepared with), a
+    file's size or checksum does not match meta.json, the arrays disagree (offsets past a
+    shard, splits that do not partition), or a shard's sampled blocks hold an id outside the
+    vocabulary or hash to another SHA-256. `full`: also read every shard (its SHA-256 and token
+    ids), as long as the shards are big; `progress`: a bar over that read.
     """
     root = Path(root)
     path = root / META
@@ -135,6 +147,7 @@ def open_corpus(root, tokenizer: str, full: bool = False) -> TokenCorpus:
     except (OSError, ValueError) as e:
         raise DataError(f"{path}: cannot read ({str(e).splitlines()[0]})") from None
     check_meta(meta, path, lambda name: get_tokenizer(name).n_vocab)
+    tokenizer = meta["tokenizer"] if tokenizer is None else tokenizer
     if meta["tokenizer"] != tokenizer:
         raise TokenizerMismatch(f"{root}: prepared with tokenizer {meta['tokenizer']}, the config asks for "
                                 f"{tokenizer}; --set data.tokenizer={meta['tokenizer']} (and a model.vocab to match)",
@@ -158,8 +171,9 @@ def open_corpus(root, tokenizer: str, full: bool = False) -> TokenCorpus:
     try:
         check_checksums(root, meta)
         check_arrays(root, meta, per_doc, splits)
+        check_samples(root, meta, tok.n_vocab)
         if full:
-            check_shards(root, meta, tok.n_vocab)
+            check_shards(root, meta, tok.n_vocab, progress=progress)
     except OSError as e:
         raise DataError(f"{root}: cannot read ({e.strerror or e})") from None
     return TokenCorpus(name=root.name, tokenizer=tok, tokens=None, offsets=per_doc["offsets"],

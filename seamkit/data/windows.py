@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from seamkit.config import check_policy
-from seamkit.data.corpus import Corpus
+from seamkit.data.corpus import Corpus, check_vocab
 from seamkit.data.errors import DataError
 from seamkit.model import IGNORE
 
@@ -68,9 +68,11 @@ def make_windows(corpus: Corpus, split: str, window_positions: int, policy: str,
 
 
 def _window(corpus: Corpus, doc_ids: list[int], policy: str, p: float | None, seed: int, k: int) -> Window:
+    pieces = [corpus.doc(i) for i in doc_ids]
+    check_vocab(corpus, np.concatenate(pieces), doc_ids, pieces)
     idx, nxt, doc, pos, scored = [], [], [], [], []
-    for j, i in enumerate(doc_ids):
-        t = torch.from_numpy(corpus.doc(i).astype(np.int64))
+    for j, (i, piece) in enumerate(zip(doc_ids, pieces)):
+        t = torch.from_numpy(piece.astype(np.int64))
         L = len(t)
         idx.append(t)
         nxt.append(torch.cat([t[1:], torch.tensor([IGNORE])]))

@@ -43,6 +43,7 @@ COMMITTED = Path(__file__).resolve().parents[1] / "calibrations.json"  # package
 RETIME_TOL = 0.15  # a committed speed holds here when re-timed within this share of it
 FINGERPRINT_TOL = 0.15  # hosts whose fingerprints differ by more are different hosts
 # the config fields a candidate's speed depends on (not the seed, budget or learning rate)
+NEVER = lambda: False  # noqa: E731 -- a stop() that never asks
 SPEED_FIELDS = ("model", "data.batch", "train.dtype", "train.device", "train.compile", "train.threads",
                 "seams.seams", "seams.objective", "seams.aux_classes", "seams.order", "seams.delay",
                 "seams.weight_stashing", "seams.local_weight", "seams.arms")
@@ -118,10 +119,11 @@ def _median(values: list) -> float | None:
 
 
 def measure(cfg: RunConfig, devices: int, cands: dict[str, list[Placement]], progress=None,
-            rounds: int | None = None) -> dict:
+            rounds: int | None = None, stop=NEVER) -> dict:
     """Every candidate `rounds` times, one after the other, the order reversed every other round so
     a drift of the machine reaches all alike: {arm: {name: median tokens/s}}, every run's speed
-    (`spread`) and the seconds taken."""
+    (`spread`) and the seconds taken. `stop()` True (a signal) ends the candidate running and
+    raises KeyboardInterrupt."""
     rounds = rounds or cfg.seams.calibrate_rounds
     short, per_step = short_config(cfg), cfg.data.batch * cfg.model.seq
     order = [(arm, p) for arm, ps in cands.items() for p in ps]
@@ -131,8 +133,8 @@ def measure(cfg: RunConfig, devices: int, cands: dict[str, list[Placement]], pro
             if progress is not None:
                 progress({"kind": "calibration", "arm": arm, "placement": p.name, "index": r * len(order) + i,
                           "of": rounds * len(order)})
-            results, interrupted = run_arms({arm: ArmSpec(arm, short, p, devices)})
-            if interrupted:
+            results, interrupted = run_arms({arm: ArmSpec(arm, short, p, devices)}, stop=stop)
+            if interrupted or stop():
                 raise KeyboardInterrupt
             runs[arm][p.name].append(steady_tokens_per_s(results[arm], per_step) if arm in results else None)
     spread = {arm: {n: {"values": v, "min": min(v), "max": max(v)} if _median(v) is not None else None
@@ -160,12 +162,12 @@ def committed(cfg: RunConfig, devices: int, path: Path | None = None, here: floa
     return None
 
 
-def retime(cfg: RunConfig, devices: int, entry: dict, progress=None) -> tuple[dict, float]:
+def retime(cfg: RunConfig, devices: int, entry: dict, progress=None, stop=NEVER) -> tuple[dict, float]:
     """The committed entry's chosen candidate of each arm, timed here once: ({arm: {name: tokens/s}},
     the largest relative difference from the committed speeds)."""
     speeds = entry["tokens_per_s"]
     chosen = {a: fastest(speeds[a]) for a in cfg.seams.arm_names}
-    now = measure(cfg, devices, {a: [parse_placement(n)] for a, n in chosen.items()}, progress, rounds=1)
+    now = measure(cfg, devices, {a: [parse_placement(n)] for a, n in chosen.items()}, progress, rounds=1, stop=stop)
     worst = 0.0
     for a, n in chosen.items():
         v = now["tokens_per_s"][a][n]
@@ -173,14 +175,36 @@ def retime(cfg: RunConfig, devices: int, entry: dict, progress=None) -> tuple[di
     return now["tokens_per_s"], worst
 
 
-def calibrate(cfg: RunConfig, devices: int, cands: dict[str, list[Placement]], progress=None) -> dict:
+def covers(entry: dict | None, cands: dict[str, list[Placement]]) -> bool:
+    """Whether a committed entry holds a speed for every candidate."""
+    return entry is not None and all({p.name for p in ps} <= set(entry["tokens_per_s"].get(a, {}))
+                                     for a, ps in cands.items())
+
+
+def no_entry() -> ConfigError:
+    return ConfigError(f"seams.calibration=bench: {COMMITTED.name} has no entry for this host and config "
+                       f"(run bench/placement.py here, or set seams.calibration=run)")
+
+
+def check_committed(cfg: RunConfig, devices: int, named: dict, here: float | None = None) -> None:
+    """seams.calibration=bench: a study that calibrates (more than one device, and an arm that
+    seams.placement leaves to its fastest) takes every candidate's speed from a committed entry of
+    this host and config; one line, before anything runs, when there is none. Whether its speeds
+    still hold is re-timed when the study runs (`calibrate`). `here`: this host's fingerprint."""
+    if cfg.seams.calibration != "bench" or devices == 1 or len(named) == len(cfg.seams.arm_names):
+        return
+    if not covers(committed(cfg, devices, here=here), candidates(cfg, devices)):
+        raise no_entry()
+
+
+def calibrate(cfg: RunConfig, devices: int, cands: dict[str, list[Placement]], progress=None,
+              stop=NEVER) -> dict:
     """The candidates' speeds, from where `seams.calibration` says (module docstring)."""
     how = cfg.seams.calibration
     if how in ("auto", "bench"):
         entry = committed(cfg, devices)
-        names = {arm: {p.name for p in ps} for arm, ps in cands.items()}
-        if entry is not None and all(names[a] <= set(entry["tokens_per_s"].get(a, {})) for a in names):
-            now, worst = retime(cfg, devices, entry, progress)
+        if covers(entry, cands):
+            now, worst = retime(cfg, devices, entry, progress, stop)
             what = f"{COMMITTED.name} (commit {entry.get('git_commit', 'unknown')}, host {entry.get('host', '?')})"
             if worst <= RETIME_TOL:
                 return {"tokens_per_s": entry["tokens_per_s"], "spread": entry.get("spread"), "seconds": 0.0,
@@ -192,9 +216,8 @@ def calibrate(cfg: RunConfig, devices: int, cands: dict[str, list[Placement]], p
             print(f"seamkit: the committed calibration is {worst:.0%} off on this host: calibrating",
                   file=sys.stderr, flush=True)
         elif how == "bench":
-            raise ConfigError(f"seams.calibration=bench: {COMMITTED.name} has no entry for this host and config "
-                              f"(run bench/placement.py here, or set seams.calibration=run)")
-    out = measure(cfg, devices, cands, progress)
+            raise no_entry()
+    out = measure(cfg, devices, cands, progress, stop=stop)
     return {**out, "measured_here": out["tokens_per_s"]}
 
 
@@ -203,7 +226,7 @@ def fastest(speeds: dict[str, float | None]) -> str:
     return max(speeds, key=lambda n: speeds[n] if speeds[n] is not None and math.isfinite(speeds[n]) else -1.0)
 
 
-def choose_placements(cfg: RunConfig, devices: int, named: dict, progress: bool = False) -> dict:
+def choose_placements(cfg: RunConfig, devices: int, named: dict, progress: bool = False, stop=NEVER) -> dict:
     """The report's placement block (`report.placement_block`): each arm's placement within
     `devices`, the one `seams.placement` names, else the fastest candidate. One device: every arm
     in one process, nothing to calibrate."""
@@ -215,7 +238,7 @@ def choose_placements(cfg: RunConfig, devices: int, named: dict, progress: bool 
     speeds = {"tokens_per_s": {a: {p.name: None for p in ps} for a, ps in cands.items()}, "seconds": 0.0,
               "source": "named by seams.placement"}
     if len(named) < len(arms):
-        speeds = calibrate(cfg, devices, cands, _say_calibrating if progress else None)
+        speeds = calibrate(cfg, devices, cands, _say_calibrating if progress else None, stop)
     tps = {a: speeds["tokens_per_s"][a] for a in arms}  # a committed entry may hold more arms than this study runs
     chosen = {a: named[a].name if a in named else fastest(tps[a]) for a in arms}
     return placement_block(devices, chosen, tps, speeds["source"], speeds["seconds"], speeds.get("spread"),

@@ -22,8 +22,8 @@ interpreters, as on other platforms).
 Faults. A rank that raises sends its rank, the time and one line and exits; its peers' pending
 messages then fail ("connection closed"). The first death stops the others, and the error names
 the rank that failed first on its own (a rank whose peer vanished ranks after one that failed on
-its own, then the earliest). A rank dies with this process (a thread waiting on its pidfd). Ctrl-C:
-only rank 0 acts on it (`words.on_sigint`: between steps; a second one a second later, at once),
+its own, then the earliest). A rank dies with this process (a thread waiting on its pidfd). Ctrl-C and
+SIGTERM: only rank 0 acts on them (`words.on_sigint`: between steps; a second one a second later, at once),
 the others follow rank 0's word.
 
 Under torchrun (`torchrun --nproc-per-node S -m seamkit.seams.launch --arm e2e --placement
@@ -37,20 +37,25 @@ import datetime
 import os
 import pickle
 import queue
+import re
 import select
+import shutil
 import signal
 import sys
 import tempfile
 import threading
 import time
 import traceback
+from pathlib import Path
 from typing import Callable
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as tmp
 
+from seamkit.checkpoint import alive
 from seamkit.config import SeamkitError
+from seamkit.report import temp_prefix
 
 TIMEOUT_S = 120.0  # the process group's timeout
 START_ENV = "SEAMKIT_START_METHOD"  # forkserver (Linux's default) or spawn
@@ -59,6 +64,10 @@ if START_METHOD not in ("forkserver", "spawn"):
     raise SeamkitError(f"{START_ENV}={START_METHOD!r}: expected forkserver or spawn")
 # what the fork server imports once: torch, the arm's modules and the pipe's and dp's steps
 PRELOAD = ["seamkit.seams.processes", "seamkit.seams.schedules", "seamkit.seams.ddp"]
+DIST_PREFIX = "seamkit-dist"  # how `temp_dir` names its folders
+_TEMP = {"dir": None}
+SOCKET_PATH_MAX = 107  # a Unix socket's path, at most (Linux)
+SOCKET_ROOM = 80  # what `temp_dir` and multiprocessing add below the temporary directory, at most
 COMM_ERRORS = ("Connection closed by peer", "Connection reset", "Broken pipe", "Timed out", "timed out",
                "DistNetworkError", "DistBackendError", "ECONNRESET", "connection closed")
 
@@ -124,8 +133,8 @@ def _entry(rank: int, fn: Callable, world: int, port: int | None, events, launch
         os.environ.clear()
         os.environ.update(env)
         tempfile.tempdir = None  # read again from TMPDIR
-    signal.signal(signal.SIGINT, on_sigint if rank == 0 else signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    for sig in (signal.SIGINT, signal.SIGTERM):  # a signal to the whole group: rank 0 stops them all
+        signal.signal(sig, on_sigint if rank == 0 else signal.SIG_IGN)
     code = 0
     try:
         store = None
@@ -184,17 +193,14 @@ class Group:
             except ProcessLookupError:
                 pass
 
-    def stop(self, grace_s: float = 3.0) -> None:
-        """Every rank still running, terminated (then killed after `grace_s`)."""
+    def stop(self) -> None:
+        """Every rank still running, killed: the ranks are past stopping on their own (they take
+        SIGTERM as a Ctrl-C, to stop between steps)."""
         for p in self.procs:
-            if p.is_alive():
-                p.terminate()
-        deadline = time.monotonic() + grace_s
-        for p in self.procs:
-            p.join(max(0.0, deadline - time.monotonic()))
             if p.is_alive():
                 p.kill()
-                p.join()
+        for p in self.procs:
+            p.join()
 
     def death(self) -> str:
         """One line naming the rank that failed first on its own (module docstring)."""
@@ -227,9 +233,68 @@ def spawn(fn: Callable, world: int, args: tuple, events, label: str, device: tor
 def context():
     """The multiprocessing context ranks, and the queues and shared values they are given, use."""
     ctx = tmp.get_context(START_METHOD)
+    temp_dir()
     if START_METHOD == "forkserver":
         ctx.set_forkserver_preload(PRELOAD)
+        _start_fork_server()
     return ctx
+
+
+def temp_dir() -> str:
+    """This process's folder for multiprocessing's files (the fork server's socket), made once:
+    `seamkit-dist-<pid>@<host>.<random>` in the temporary directory. multiprocessing removes what
+    it put there when this process exits; a process killed outright (SIGKILL, an OOM kill) leaves
+    it, and the next launcher on this machine removes every such folder whose process is gone
+    (`remove_orphans`)."""
+    if _TEMP["dir"] is None or not os.path.isdir(_TEMP["dir"]):
+        remove_orphans()
+        if len(tempfile.gettempdir()) + SOCKET_ROOM > SOCKET_PATH_MAX:  # the socket would not fit: multiprocessing's own
+            from multiprocessing import util
+            _TEMP["dir"] = util.get_temp_dir()
+            return _TEMP["dir"]
+        own = tempfile.mkdtemp(prefix=temp_prefix(Path(DIST_PREFIX))[1:])
+        saved, tempfile.tempdir = tempfile.tempdir, own
+        try:
+            from multiprocessing import util
+            util.get_temp_dir()  # made now, inside `own`, and kept for this process's life
+        finally:
+            tempfile.tempdir = saved
+        util.Finalize(None, shutil.rmtree, (own, True), exitpriority=-101)  # after multiprocessing's own (-100)
+        _TEMP["dir"] = own
+    return _TEMP["dir"]
+
+
+def remove_orphans(where: str | None = None) -> list[str]:
+    """Remove the `temp_dir` folders in `where` (default: the temporary directory) whose process,
+    on this machine, is gone; the paths removed."""
+    where = Path(where or tempfile.gettempdir())
+    host = temp_prefix(Path(DIST_PREFIX)).split("@", 1)[1]
+    pattern = re.compile(rf"{re.escape(DIST_PREFIX)}\.(\d+)@{re.escape(host)}[a-z0-9_]+")
+    removed = []
+    for d in where.glob(f"{DIST_PREFIX}.*"):
+        m = pattern.fullmatch(d.name)
+        if m and d.is_dir() and not alive(int(m.group(1))):
+            shutil.rmtree(d, ignore_errors=True)
+            removed.append(str(d))
+    return removed
+
+
+def _start_fork_server() -> None:
+    """Start the fork server (once) with SIGINT and SIGTERM ignored: a signal to this process's
+    group, even while the server is still importing its preload, must leave it serving while the
+    ranks it forked stop between steps (they set their own handlers). It still ends with this
+    process, however that ends."""
+    from multiprocessing import forkserver
+    if threading.current_thread() is not threading.main_thread():
+        forkserver.ensure_running()
+        return
+    ignored = (signal.SIGINT, signal.SIGTERM)
+    previous = {s: signal.signal(s, signal.SIG_IGN) for s in ignored}  # an ignored signal stays so across exec
+    try:
+        forkserver.ensure_running()
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
 
 
 def events_queue():
@@ -333,7 +398,8 @@ def main(argv: list[str] | None = None) -> int:
               "seamkit.seams.launch --arm local --placement stages", file=sys.stderr)
         return 2
     rank, world, local = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ.get("LOCAL_RANK", 0))
-    signal.signal(signal.SIGINT, on_sigint if rank == 0 else signal.SIG_IGN)
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, on_sigint if rank == 0 else signal.SIG_IGN)
     code = 0
     try:
         over = C.parse_overrides(args.overrides)

@@ -5,9 +5,10 @@ Parameters are counted on the built arm (the GPT plus, for local `aux_head`, `au
 `aux_head_params`). FLOPs are counted by `seamkit.flops.count_flops` (FlopCounterMode) over one
 real training step of each arm's chain (forward, backward and the optimizer's matmuls, private
 modules included) on a real batch, and over its forward alone; the private modules' share is
-read from the counter's per-module table (their class names: "AuxHead", "AuxBlock"). The report's
-MFU is `seamkit.flops.mfu` of these FLOPs per token, the arm's tokens/s and the matmul peak
-`seamkit.flops.matmul_peak` measured in the same run.
+read from the counter's per-module table (their class names: "AuxHead", "AuxBlock"). The delayed
+arm's step is one with its pipeline full, counted at delay 1 whatever its delay (`_counted`). The
+report's MFU is `seamkit.flops.mfu` of these FLOPs per token, the arm's tokens/s and the matmul
+peak `seamkit.flops.matmul_peak` measured in the same run.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from __future__ import annotations
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from seamkit.config import RunConfig
+from seamkit.config import RunConfig, override
 from seamkit.data.rows import RowLoader
 from seamkit.flops import count_flops
 from seamkit.model import resolve_device
@@ -42,6 +43,16 @@ def _forward(ch: Chain, x_BT: torch.Tensor, y_BT: torch.Tensor) -> None:
                 ch.loss(k, h, y_BT)
 
 
+def _counted(cfg: RunConfig, arm: str) -> RunConfig:
+    """The config `arm`'s step is counted under. Once a delayed arm's pipeline is full, each step
+    runs every segment's forward and one late backward of each, whatever the delay d >= 1: d only
+    says which batch a backward is for, and FLOPs follow the shapes. So its step is counted at
+    d=1, whose pipeline fills in S-1 steps rather than d*(S-1) (the count is the same)."""
+    if arm == "delayed" and cfg.seams.delay > 1:
+        return override(cfg, {"seams.delay": 1})
+    return cfg
+
+
 def arm_costs(cfg: RunConfig, corpus) -> dict:
     """{arm: params, aux_head_params, flops_per_token (one training step), forward_flops_per_token,
     aux_head_flops_per_token, aux_head_forward_share} from one step on a fresh copy of each arm."""
@@ -51,7 +62,7 @@ def arm_costs(cfg: RunConfig, corpus) -> dict:
     out = {}
     for arm in cfg.seams.arm_names:
         segs = arm_segments(cfg, arm)
-        ch = Chain(cfg, arm, segs, range(len(segs)), device, corpus)
+        ch = Chain(_counted(cfg, arm), arm, segs, range(len(segs)), device, corpus)
         if ch.policy.crosses:  # a step once the pipeline is full: every segment's late backward runs in it
             for _ in range(ch.policy.delay * (len(segs) - 1)):
                 ch.step(x_BT, y_BT, cfg.train.lr)

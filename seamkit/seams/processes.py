@@ -15,8 +15,9 @@ their clocks paused. Whatever else the machine does therefore lands on every arm
 
 An arm holds the turn through its evaluation and checkpoint too, so nothing it does competes
 with another arm's training. Events (the loop's, `seamkit.loop`) reach the callback here.
-Faults: `stop()` (Ctrl-C here) halts the table, so every arm stops between steps and reports
-`interrupted`; a non-finite loss ends that arm `failed` and hands the turn on; a rank that dies
+Faults: `stop()` (Ctrl-C or SIGTERM here) halts the table, so every arm stops between steps and
+reports `interrupted` (an arm whose ranks the signal ended at once, before they could, returns
+nothing); a non-finite loss ends that arm `failed` and hands the turn on; a rank that dies
 stops the study with one line naming it.
 """
 
@@ -89,11 +90,13 @@ def run_arms(specs: dict[str, ArmSpec], callback: Callable[[dict], None] | None 
             try:
                 handle(events.get(timeout=0.2))
             except queue.Empty:
-                dead = [g for g in groups.values() if g.failed()]
-                if dead:
+                dead = [a for a, g in groups.items() if g.failed() and a not in done]
+                if dead and interrupted:  # ranks the signal reached before they could stop between steps
+                    done.update(dead)
+                elif dead:
                     time.sleep(0.2)  # let a rank that failed first say why
                     _drain(events, handle)
-                    raise DistError(dead[0].death())
+                    raise DistError(groups[dead[0]].death())
             except KeyboardInterrupt:
                 interrupted = True
                 turns.stop()

@@ -366,5 +366,7 @@ def summary_table(report: dict) -> str:
                if c["aux_head_params"] else "") for a, c in costs.items()))
     if report.get("wall_clock_dependent"):
         lines.append(WALL_CLOCK_NOTE)
-    lines.append(f"status: {report.get('status', 'complete')}")
+    stopped = report.get("interrupted")
+    lines.append(f"status: {report.get('status', 'complete')}"
+                 + (f" ({stopped['signal']} in {stopped['phase']}; --resume continues it)" if stopped else ""))
     return "\n".join(lines)

@@ -24,10 +24,7 @@ writes of its own files left when their writer was killed (`clean_run`, `clean_s
 
 from __future__ import annotations
 
-import contextlib
 import json
-import signal
-import threading
 from pathlib import Path
 
 from seamkit import checkpoint
@@ -170,23 +167,44 @@ def load_study(out_path, cfg: RunConfig) -> list[dict]:
     return runs
 
 
-@contextlib.contextmanager
-def sigint_stops():
-    """Yields a `stop()` for run_arm: the first Ctrl-C only asks the loop to stop between steps (so
-    the checkpoint is of whole steps, fit to resume); a second one interrupts at once."""
-    flag = threading.Event()
-    if threading.current_thread() is not threading.main_thread():
-        yield flag.is_set
-        return
-    previous = signal.getsignal(signal.SIGINT)
-
-    def handler(signum, frame):
-        if flag.is_set():
-            signal.signal(signal.SIGINT, previous)
-            raise KeyboardInterrupt
-        flag.set()
-    signal.signal(signal.SIGINT, handler)
+def checkpoint_id(path) -> str | None:
+    """The id the checkpoint at `path` was written with (memory-mapped, not hashed); None if there is none."""
     try:
-        yield flag.is_set
-    finally:
-        signal.signal(signal.SIGINT, previous)
+        return checkpoint._safe_load(Path(path), mmap=True).get("id")
+    except (OSError, SeamkitError, RuntimeError, ValueError, AttributeError, EOFError):
+        return None
+
+
+def on_disk(path, cfg: RunConfig, arm: str) -> ArmResult | None:
+    """An arm whose result never came back (its ranks stopped at once, by a second Ctrl-C) as its
+    checkpoint at `path` has it: interrupted at the checkpoint's step; None if there is none."""
+    try:
+        ckpt = checkpoint._safe_load(Path(path), mmap=True)
+        loop, status = ckpt["extra"]["resume"], ckpt["extra"]["status"]
+    except (OSError, SeamkitError, RuntimeError, ValueError, KeyError, TypeError, EOFError):
+        return None
+    steps, per_step = int(ckpt["step"]), cfg.data.batch * cfg.model.seq
+    elapsed = float(loop["elapsed_s"])
+    return ArmResult(arm=arm, status="interrupted" if status == "running" else status, steps=steps,
+                     tokens=steps * per_step, elapsed_s=elapsed,
+                     tokens_per_s=steps * per_step / elapsed if elapsed > 0 else 0.0, final_loss=None,
+                     final_loss_stderr=None, eval_tokens=0, peak_vram_bytes=None, vram_growth_bytes=None,
+                     peak_rss_bytes=None, rss_start_bytes=None, rss_growth_bytes=None, lr_final=loop["lr_final"],
+                     max_step_s=float(loop["max_step_s"]), failed_step=None, objective=ckpt["extra"].get("objective"),
+                     segments=ckpt["extra"].get("segments") or [],
+                     checkpoint=checkpoint.ref(path, ckpt["id"]), checkpoint_path=str(path))
+
+
+def check_named(runs: list[dict], ckpts: list[dict]) -> None:
+    """Every checkpoint the runs' results name is on disk at its path, with the id they name: a
+    report never points at a file it did not write (ResumeError otherwise)."""
+    for k, run in enumerate(runs):
+        for arm, r in run["results"].items():
+            if r.checkpoint is None:
+                continue
+            path = ckpts[k][arm]
+            have = checkpoint_id(path)
+            if have is None or checkpoint.ref(path, have) != r.checkpoint:
+                raise ResumeError(f"{path} does not hold the checkpoint this run wrote ({r.checkpoint}; on disk: "
+                                  f"{have or 'nothing'}): was it changed while the study ran?")
+

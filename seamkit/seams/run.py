@@ -7,6 +7,8 @@ from pathlib import Path
 from typing import Callable
 
 from seamkit.config import Placement, RunConfig, override
+from seamkit.interrupts import interrupts
+from seamkit.lock import held
 from seamkit.loop import ProgressBars, fanout
 from seamkit.report import provenance, write_json
 from seamkit.seams import resume as R
@@ -18,12 +20,18 @@ def train_run(cfg: RunConfig, out_dir, callback: Callable[[dict], None] | None =
               progress: bool = True, resume: bool = False) -> dict:
     """Train e2e for the budget; writes out_dir/checkpoint.pt and out_dir/summary.json; returns the summary.
 
-    `resume`: continue the run that out_dir/checkpoint.pt stopped (`seams.resume`). Ctrl-C
-    stops between steps (a second one at once), so the checkpoint it leaves can be resumed.
+    `resume`: continue the run that out_dir/checkpoint.pt stopped (`seams.resume`). One run writes
+    `out_dir` at a time (`seamkit.lock`). Ctrl-C or SIGTERM stops between steps (a second one at
+    once), so the checkpoint it leaves can be resumed.
     `summary["wall_clock_dependent"]`: the clock set an LR or ended the run (`seamkit.loop`), so
     the same command ends on another checkpoint; False: the checkpoint is a function of the config.
     """
     out_dir = Path(out_dir)
+    with held(out_dir / ".lock", f"run {out_dir}"), interrupts() as it:
+        return _train(cfg, out_dir, callback, progress, resume, it)
+
+
+def _train(cfg: RunConfig, out_dir: Path, callback, progress: bool, resume: bool, it) -> dict:
     ckpt = None
     if resume:
         path = R.check_run(out_dir)
@@ -38,8 +46,8 @@ def train_run(cfg: RunConfig, out_dir, callback: Callable[[dict], None] | None =
     cb = fanout(callback, ProgressBars() if progress else None)
     spec = ArmSpec("e2e", cfg, Placement("single"), 1, str(out_dir / "checkpoint.pt"), resume=resume,
                    own_process=False)
-    with R.sigint_stops() as stop:
-        r = run_arm(spec, emit=cb, stop=stop)
+    it.enter("training", urgent=False)
+    r = run_arm(spec, emit=cb, stop=it)
     summary = {
         "status": r.status, "steps": r.steps, "tokens": r.tokens, "elapsed_s": r.elapsed_s,
         "tokens_per_s": r.tokens_per_s, "val_loss": r.final_loss, "val_ppl": r.final_ppl,
@@ -51,5 +59,7 @@ def train_run(cfg: RunConfig, out_dir, callback: Callable[[dict], None] | None =
         **{k: getattr(r, k) for k in ("loss_curve", "loss_curve_steps", "loss_curve_elapsed_s", "loss_curve_tokens")},
         **provenance(cfg),
     }
+    if r.status == "interrupted":
+        summary["interrupted"] = {"phase": it.interrupted_in or it.phase, "signal": it.name or "SIGINT"}
     write_json(out_dir / "summary.json", summary)
     return summary

@@ -24,8 +24,9 @@ seeds (`arms.<arm>.final_loss` is the mean final held-out loss, `loss_curve` the
 and the local/e2e speed ratio. Memory is reported as the peak and as the growth over each arm's
 own baseline (the RSS its training started from: torch and the corpus are shared, not the arm's).
 The default objective, `aux_head`, is a greedy per-segment next-token head (DGL-style: Belilovsky
-et al., 2020), not InfoPro. Ctrl-C stops the running arms between steps; the report is then
-written with status "interrupted" (it is written atomically, whole or not at all).
+et al., 2020), not InfoPro. Ctrl-C or SIGTERM, in any phase, ends the study with an
+"interrupted" report naming the phase (`seamkit.interrupts`; the running arms stop between
+steps); reports are written atomically, whole or not at all.
 """
 
 from __future__ import annotations
@@ -39,13 +40,16 @@ import torch
 from seamkit.config import ConfigError, RunConfig, override, parse_placement
 from seamkit.data.load import load_corpus
 from seamkit.flops import matmul_peak
+from seamkit.interrupts import Interrupts, interrupts
+from seamkit.lock import held
 from seamkit.loop import ProgressBars, evaluate_model, fanout, held_out
 from seamkit.model import GPT, autocast, param_dtype, resolve_device
 from seamkit.report import write_report
 from seamkit.seams import placement as P
 from seamkit.seams import resume as R
 from seamkit.seams.arm import ArmSpec, checkpoint_path, run_arm
-from seamkit.seams.calibration import choose_placements
+from seamkit.seams.calibration import check_committed, choose_placements
+from seamkit.seams.launch import remove_orphans
 from seamkit.seams.per_token import arm_costs
 from seamkit.seams.processes import run_arms
 from seamkit.seams.report import study_report
@@ -100,12 +104,21 @@ def held_out_views(cfg: RunConfig, corpus, results: dict) -> dict:
             "time_to_target": ttt}
 
 
-def check(cfg: RunConfig) -> tuple[int, dict]:
+def check(cfg: RunConfig, here: float | None = None) -> tuple[int, dict]:
     """What a study checks before anything runs (the CLI, the notebook and every sweep point alike):
-    the hardware budget as a count of devices and the placements `seams.placement` names, each able
-    to run within it; one line on anything that cannot."""
+    the hardware budget as a count of devices, the placements `seams.placement` names, each able
+    to run within it, and the committed calibration `seams.calibration=bench` needs; one line on
+    anything that cannot. `here`: this host's speed fingerprint, when already measured."""
     devices = P.resolve_devices(cfg)
-    return devices, P.chosen(cfg, devices)
+    named = P.chosen(cfg, devices)
+    check_committed(cfg, devices, named, here)
+    return devices, named
+
+
+def lock_path(out_path) -> Path:
+    """The lock a study at `out_path` holds while it runs (`seamkit.lock`): beside its report."""
+    out_path = Path(out_path)
+    return out_path.parent / f".{out_path.name}.lock"
 
 
 def seams_study(cfg: RunConfig, out_path, callback: Callable[[dict], None] | None = None, progress: bool = True,
@@ -119,11 +132,19 @@ def seams_study(cfg: RunConfig, out_path, callback: Callable[[dict], None] | Non
     (`seams.resume`): finished repeats and ended arms are kept, the other arms go on from their
     checkpoints.
 
-    Ctrl-C (SIGINT) is this study's own for its whole run, whatever this process inherited (a
-    command started with `&` from a script starts with SIGINT ignored): the first stops the
-    arms between steps and writes an interrupted report, a second interrupts at once.
+    One study writes `out_path` at a time (`lock_path`, taken before anything is written: another
+    gets one line naming the holder). Ctrl-C and SIGTERM are this study's own for its whole run
+    (`seamkit.interrupts`): in any phase the study ends within seconds with an interrupted report
+    naming the phase and the signal, which `resume` continues.
     """
     out_path = Path(out_path)
+    remove_orphans()  # what launchers killed outright left in the temporary directory
+    with held(lock_path(out_path), f"study {out_path}"), interrupts() as it:
+        return _study(cfg, out_path, callback, progress, isolate, resume, it)
+
+
+def _study(cfg: RunConfig, out_path: Path, callback, progress: bool, isolate: bool, resume: bool,
+           it: Interrupts) -> dict:
     kept = R.load_study(out_path, cfg) if resume else []
     arms = cfg.seams.arm_names
     ckpts = [{arm: checkpoint_path(out_path, arm, k) for arm in arms} for k in range(cfg.seams.repeats)]
@@ -133,40 +154,62 @@ def seams_study(cfg: RunConfig, out_path, callback: Callable[[dict], None] | Non
                 if path.exists():
                     R.peek(path, override(cfg, {"train.seed": cfg.train.seed + k}), arm)
     devices, named = check(cfg)  # a placement that cannot run says why before anything starts
-    corpus = load_corpus(cfg.data)  # fills the cache once, and data errors surface here
-    if cfg.train.threads == 0 and devices == 1:  # chosen once, so every arm (and every repeat) gets the same count
-        started = R.started_threads([R.study_state_path(out_path)] + sorted(
-            R.study_state_path(out_path).parent.glob(f"{out_path.stem}_*.pt"))) if resume else 0
-        cfg = override(cfg, {"train.threads": started or resolve_threads(0)})
-    torch.set_num_threads(cfg.train.threads or devices)
     saved = R.saved_placement(out_path) if resume else None
+    if cfg.train.threads == 0 and devices == 1 and resume:  # a resumed study keeps the thread count it started with
+        started = R.started_threads([R.study_state_path(out_path)] + sorted(
+            R.study_state_path(out_path).parent.glob(f"{out_path.stem}_*.pt")))
+        cfg = override(cfg, {"train.threads": started}) if started else cfg
     # a resumed study keeps where its arms ran: its seeds stay paired on the same placements
-    placed = saved if saved and saved.get("devices") == devices else \
-        choose_placements(cfg, devices, named, progress)
-    if not isolate and any(p != "single" for p in placed["chosen"].values()):
-        raise ConfigError("a study whose arms run on several processes needs isolate=True")
-    costs = arm_costs(cfg, corpus)
-    peak = matmul_peak(resolve_device(cfg.train.device))
-    R.clean_study(out_path, [p for paths in ckpts for p in paths.values()])
-    if not resume:  # an earlier study's checkpoints here are not this one's to resume from
-        for paths in ckpts:
-            for path in paths.values():
-                path.unlink(missing_ok=True)
-    # the state from the start: a study killed before its arms checkpointed can still be resumed
-    R.save_study(out_path, cfg, kept, placed)
-    with R.sigint_stops() as stop:
-        runs, interrupted = _repeats(cfg, corpus, out_path, ckpts, kept, callback, progress, isolate, resume, stop,
+    placed = saved if saved and saved.get("devices") == devices else None
+    runs, costs, peak, corpus, begun = kept, {}, None, None, False
+
+    def begin() -> None:
+        """The study's first writes: what dead writers left goes, and its state from the start,
+        so a study stopped before its arms checkpointed can be resumed."""
+        R.clean_study(out_path, [p for paths in ckpts for p in paths.values()])
+        if not resume:  # an earlier study's checkpoints here are not this one's to resume from
+            for paths in ckpts:
+                for path in paths.values():
+                    path.unlink(missing_ok=True)
+        it.enter("saving")
+        R.save_study(out_path, cfg, kept, placed)
+    try:
+        corpus = load_corpus(cfg.data)  # fills the cache once; data errors surface here, before any write
+        if cfg.train.threads == 0 and devices == 1:  # chosen once: every arm (and every repeat) gets the same count
+            cfg = override(cfg, {"train.threads": resolve_threads(0)})
+        torch.set_num_threads(cfg.train.threads or devices)
+        begin()
+        begun = True
+        if placed is None:
+            it.enter("calibration", urgent=False)
+            placed = choose_placements(cfg, devices, named, progress, stop=it)
+            it.enter("saving")
+            R.save_study(out_path, cfg, kept, placed)
+        if not isolate and any(p != "single" for p in placed["chosen"].values()):
+            raise ConfigError("a study whose arms run on several processes needs isolate=True")
+        it.enter("costs")
+        costs = arm_costs(cfg, corpus)
+        peak = matmul_peak(resolve_device(cfg.train.device))
+        runs, interrupted = _repeats(cfg, corpus, out_path, ckpts, kept, callback, progress, isolate, resume, it,
                                      placed, devices)
+    except KeyboardInterrupt:
+        interrupted = True
+    if not begun:  # stopped while starting: still a study that --resume continues
+        begin()
+    it.enter("saving")
     report = study_report(cfg, runs, interrupted, isolate, costs, peak)
     report["placement"] = placed
-    report["corpus"] = corpus.summary()  # its size in tokens; each arm's `epochs` says how often it was read
+    # its size in tokens; each arm's `epochs` says how often it was read
+    report["corpus"] = corpus.summary() if corpus is not None else None
+    if interrupted:
+        report["interrupted"] = {"phase": it.interrupted_in or it.phase, "signal": it.name or "SIGINT"}
+    R.check_named(runs, ckpts)
     write_report(out_path, report, "seams")
     return report
 
 
 def _repeats(cfg: RunConfig, corpus, out_path: Path, ckpts: list[dict], kept: list[dict], callback, progress: bool,
-             isolate: bool, resume: bool, stop: Callable[[], bool], placed: dict,
-             devices: int) -> tuple[list[dict], bool]:
+             isolate: bool, resume: bool, it: Interrupts, placed: dict, devices: int) -> tuple[list[dict], bool]:
     """Every repeat in turn (kept ones as they are), the state saved after each; (runs, interrupted)."""
     bars = ProgressBars() if progress else None
     runs, interrupted = [], False
@@ -180,7 +223,7 @@ def _repeats(cfg: RunConfig, corpus, out_path: Path, ckpts: list[dict], kept: li
         if prior.get("finished"):
             runs.append(prior)
             continue
-        if stop():  # Ctrl-C between repeats (or during the last one's held-out views)
+        if it():  # a signal between repeats (or during the last one's held-out views)
             interrupted = True
             break
         # snapshots live beside the checkpoints until the repeat ends, so a resumed repeat still has them
@@ -191,15 +234,20 @@ def _repeats(cfg: RunConfig, corpus, out_path: Path, ckpts: list[dict], kept: li
         specs = {a: ArmSpec(a, c, parse_placement(placed["chosen"][a]), devices, str(ckpts[k][a]),
                             str(snap_dir / a), resume, own_process=isolate)
                  for a in cfg.seams.arm_names if a not in results}
+        it.enter("training", urgent=False)
         try:
-            new, interrupted = run_arms(specs, cb, stop) if isolate else _in_process(specs, cb, stop, corpus)
+            new, interrupted = run_arms(specs, cb, it) if isolate else _in_process(specs, cb, it, corpus)
             results.update(new)
         except KeyboardInterrupt:
             interrupted = True
+        for a, spec in specs.items():  # an arm stopped at once returns nothing: its checkpoint says where it is
+            if a not in results and (r := R.on_disk(spec.checkpoint, c, a)) is not None:
+                results[a] = r
         interrupted = interrupted or any(r.status == "interrupted" for r in results.values())
         views = {"equal_tokens": [], "time_to_target": None}
         if not interrupted:
             try:
+                it.enter("evaluation")
                 views = held_out_views(c, corpus, results)
             except KeyboardInterrupt:
                 interrupted = True
@@ -208,6 +256,7 @@ def _repeats(cfg: RunConfig, corpus, out_path: Path, ckpts: list[dict], kept: li
                 r.snapshots = None
             shutil.rmtree(snap_dir, ignore_errors=True)
         runs.append({"seed": seed, "results": results, "views": views, "finished": not interrupted})
+        it.enter("saving")
         R.save_study(out_path, cfg, runs, placed)
         if interrupted:
             break

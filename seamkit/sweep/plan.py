@@ -5,6 +5,7 @@ plan and its points' files go, and the command a point runs, are seamkit.sweep.f
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import math
@@ -23,6 +24,7 @@ IGNORED = ("train.threads",)  # how a point was run, not what it measures: a rer
 # config keys the sweep sets on every point itself: a --set of one would make every seed the same run
 OWNED = {"train.seed": "use --repeats", "seams.repeats": "a point runs one seed; use --repeats"}
 POINT_KEYS = ("id", "study", "dir", "grid", "seed", "parameters", "expect", "needs")
+DEVICES = "seams.devices"  # a grid over it takes counts or `auto`, as the CLI's --devices does (0 is auto there)
 
 
 class SweepError(SeamkitError):
@@ -267,22 +269,41 @@ def _check_grid_keys(grid: dict, study: str, params: list[str], overrides: dict,
         if ck.startswith("model.") and study == "pruning":
             raise SweepError(f"--grid {key}: the pruning study takes its model from its checkpoint")
         owner[ck] = key
+    # devices as `seamkit seams --devices` takes them, so a count's label is the count it runs (0 would run auto)
+    key = owner.get(DEVICES)
+    zero = next((v for v in grid[key] if type(v) is int and v < 1), None) if key else None
+    if zero is not None:
+        raise SweepError(f"--grid {key}: expected a positive number of devices or auto, got {zero}")
+
+
+def _grid_setting(key: str | None, value):
+    """A grid value as its config key `key` takes it: `auto` devices are seams.devices=0."""
+    return 0 if key == DEVICES and isinstance(value, str) and value.strip().lower() == "auto" else value
 
 
 def study_checks(study: str, cfg: C.RunConfig) -> None:
-    """What the study's notebook checks before it trains, beyond the config's own validation: for
-    the seams study, the hardware budget and the placements it names (`seams.study.check`)."""
+    """What the study checks before it trains, beyond the config's own validation: for the seams
+    study, `seams.study.check` (the hardware budget, the placements it names, and a committed
+    calibration where `seams.calibration=bench` needs one)."""
     if study == "seams":
         from seamkit.seams.study import check
-        check(cfg)
+        check(cfg, here=_fingerprint() if cfg.seams.calibration == "bench" else None)
+
+
+@functools.cache
+def _fingerprint() -> float:
+    """This host's speed fingerprint, measured once (0.3 s) however many points a plan checks."""
+    from seamkit.seams.calibration import fingerprint
+    return fingerprint()
 
 
 def _point(study, gv, seed, preset, overrides, params, out_dir, prefix="", fixed=None) -> dict:
     """One point: papermill parameters (`fixed` ones, then its grid values), and `expect`, the
     config values its report must show."""
     pid = point_id(gv, seed, prefix)
-    nb_params = {**(fixed or {}), **{k: v for k, v in gv.items() if k in params}}
-    ov = {**overrides, **{config_key(k, study): v for k, v in gv.items() if k not in params}}
+    set_gv = {k: _grid_setting(config_key(k, study), v) for k, v in gv.items()}
+    nb_params = {**(fixed or {}), **{k: v for k, v in set_gv.items() if k in params}}
+    ov = {**overrides, **{config_key(k, study): v for k, v in set_gv.items() if k not in params}}
     if "repeats" in params and "repeats" not in gv:
         nb_params["repeats"] = 1  # a point is one seed: the sweep's --repeats makes the seeds
     if "seed" in params:
@@ -316,8 +337,9 @@ def labels(point: dict, preset: str) -> dict[str, tuple[str, object]]:
         ck = config_key(key, point["study"])
         if ck is not None and value is not None:
             sec, name = ck.split(".", 1)
+            setting = _grid_setting(ck, value)
             try:
-                out[ck] = (f"{key}={value}", getattr(getattr(C.override(C.preset(preset), {ck: value}), sec), name))
+                out[ck] = (f"{key}={value}", getattr(getattr(C.override(C.preset(preset), {ck: setting}), sec), name))
             except C.ConfigError:
-                out[ck] = (f"{key}={value}", value)
+                out[ck] = (f"{key}={value}", setting)
     return out

@@ -139,7 +139,7 @@ class SeamsPanel(W.VBox):
                                 layout=W.Layout(width="300px"), placeholder="best or e2e=dp,local=stages")
         self.arms = W.Text(value=cfg.seams.arms, description="arms", style=style, layout=W.Layout(width="220px"),
                            placeholder="e2e,local or e2e,local,delayed")
-        self.delay = W.BoundedIntText(value=cfg.seams.delay, min=0, max=1000, description="delay",
+        self.delay = W.BoundedIntText(value=cfg.seams.delay, min=0, max=C.IN_FLIGHT_MAX, description="delay",
                                       style=style, layout=W.Layout(width="120px"))
         self.run = W.Button(description="Run", button_style="primary", icon="play",
                             tooltip="train both arms for the budget each, for every seed")

@@ -91,15 +91,26 @@ def test_a_saved_config_with_a_nan_is_refused():
     d["train"]["lr"] = math.nan
     with pytest.raises(C.ConfigError, match="train.lr=nan is out of range"):
         C.from_dict(d)
-    with pytest.raises(C.ConfigError, match="model.dim expects an int, got 32.0"):
+    with pytest.raises(C.ConfigError, match=r"^model.dim expects an int > 0, got 32.0$"):
         C.ModelConfig(dim=32.0)
 
 
 @pytest.mark.parametrize("key", INTS)
 def test_int_fields_refuse_what_is_not_an_int(key):
-    for value in ("nan", "inf", math.nan, 1.5):
-        with pytest.raises(C.ConfigError, match=f"^{key} expects an int, got"):
+    """The message names the field, the range it holds and the value as given. Planted fault this
+    catches: a float past 2**53 taken as the int it rounds to (1e23 as 99999999999999991611392)."""
+    rule = {k: r for k, _, r in NUMERIC}[key] or C.Range()
+    want = f"{key} expects an int{' ' + str(rule) if str(rule) else ''}, got "
+    for value in ("nan", "inf", math.nan, 1.5, 1e23, "1e23", -1e23, float(2 ** 53 + 2)):
+        with pytest.raises(C.ConfigError) as e:
             C.override(C.tiny(), {key: value})
+        assert str(e.value) == want + repr(value)
+
+
+def test_an_int_field_takes_a_whole_float_it_can_hold_exactly():
+    """Papermill and JSON hand over 3.0 for 3; up to 2**53 a float is the whole number typed."""
+    assert C.override(C.tiny(), {"train.max_steps": 3.0}).train.max_steps == 3
+    assert C.override(C.tiny(), {"train.max_steps": float(2 ** 53)}).train.max_steps == 2 ** 53
 
 
 def test_a_range_reads_as_a_user_types_it():

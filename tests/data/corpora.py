@@ -129,3 +129,23 @@ def one_line_error(err: str, command: str) -> str:
     assert "Traceback" not in err and lines and len(err.strip().splitlines()) <= 3, err
     assert lines[-1].startswith(f"seamkit {command}: error: "), err
     return lines[-1]
+
+
+def sampled(root, shard: str) -> np.ndarray:
+    """bool per token of a shard: True where every open reads it (tokencheck.sample_blocks)."""
+    from seamkit.data import tokencheck
+    meta = json.loads((root / "meta.json").read_text())
+    dtype, path = np.dtype(meta["dtype"]), root / shard
+    mask = np.zeros(path.stat().st_size // dtype.itemsize, bool)
+    with open(path, "rb") as f:
+        for start, block in tokencheck.sample_blocks(f, path.stat().st_size, dtype.itemsize,
+                                                     meta.get("sample", tokencheck.SAMPLE)):
+            mask[start // dtype.itemsize:(start + len(block)) // dtype.itemsize] = True
+    return mask
+
+
+def set_tokens(root, shard: str, where, value) -> None:
+    """Change a shard's tokens in place (same size, meta.json untouched): `value(ids)` at `where`."""
+    ids = np.fromfile(root / shard, np.uint16)  # the bytes tokenizer's dtype
+    ids[where] = value(ids[where]) if callable(value) else value
+    ids.tofile(root / shard)

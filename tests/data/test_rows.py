@@ -1,11 +1,13 @@
 """seamkit.data.rows: the seams study's training rows and held-out batches, and epoch counts."""
 
+import re
 from collections import Counter
 
 import numpy as np
 import pytest
 import torch
 
+from seamkit.data import tokenfiles
 from seamkit.data.documents import SPLITS
 from seamkit.data.errors import DataError
 from seamkit.data.load import load_corpus
@@ -113,3 +115,19 @@ def test_epochs_and_the_repeat_warning(prepared):
     msg = repeat_warning("local", 3 * n, tc)
     assert msg.startswith("local: ") and "3.00 epochs" in msg and "repeats data" in msg and "\n" not in msg
     assert tc.summary()["split_tokens"] == {s: tc.n_tokens(s) for s in SPLITS}
+
+
+def test_a_token_past_the_vocabulary_stops_its_batch_in_one_line(past_vocab):
+    """An id past the vocabulary where no open reads (the folder opens): the batch that holds
+    it, training or held-out, raises one DataError naming the shard and the document, instead
+    of reaching the model's embedding.
+
+    Planted fault this catches: the batch check removed (`corpus.check_vocab` returning at once)."""
+    root, i, shard = past_vocab
+    c = tokenfiles.open_corpus(root, "bytes")
+    want = f"{root / shard}: document {i} holds token id 300, outside the bytes tokenizer's 258 ids"
+    with pytest.raises(DataError) as e:
+        RowLoader(c, "train", 1, c.n_tokens("train"), seed=0).next()  # one batch: the whole split
+    assert str(e.value).startswith(want) and "\n" not in str(e.value), e.value
+    with pytest.raises(DataError, match="^" + re.escape(want)):
+        eval_batches(c, "train", 1, c.n_tokens("train") - 1, n=1)

@@ -2,6 +2,7 @@
 and named in one line, before any training step."""
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -13,7 +14,7 @@ from seamkit.data import tokencheck
 from seamkit.data import tokenfiles as tokens
 from seamkit.data.documents import SPLITS
 from seamkit.data.errors import DataError
-from tests.data.corpora import one_line_error
+from tests.data.corpora import one_line_error, sampled, set_tokens
 
 
 def _edit_meta(edit):
@@ -98,6 +99,14 @@ def _in_two_splits(a, meta, root):
     a[0] = t
 
 
+def _in_sample(shard: str, value):
+    """A shard changed in place at a token every open reads (in the middle sampled block)."""
+    def fault(root: Path):
+        at = np.flatnonzero(sampled(root, shard))
+        set_tokens(root, shard, at[len(at) // 2], value)
+    return fault
+
+
 def _token_faults() -> list[tuple[str, str, object]]:
     """(fault, the file the error must name, what breaks a copy of a good token folder), from the
     fields tokencheck declares and the files a token folder holds."""
@@ -115,6 +124,21 @@ def _token_faults() -> list[tuple[str, str, object]]:
     for name, kind in tokencheck.SHARD_FIELDS.items():
         faults += [(f"shard without {name}", "meta.json", _del(("shards", 1, name))),
                    (f"shard {name} of another type", "meta.json", _set(("shards", 1, name), _wrong_type(kind)))]
+    for name, kind in tokencheck.SAMPLE_SHARD_FIELDS.items():
+        faults += [(f"shard without {name}", "meta.json", _del(("shards", 1, name))),
+                   (f"shard {name} of another type", "meta.json", _set(("shards", 1, name), _wrong_type(kind)))]
+    for name in tokencheck.SAMPLE:
+        faults += [(f"sample without {name}", "meta.json", _del(("sample", name))),
+                   (f"sample {name} of another type", "meta.json", _set(("sample", name), "seven"))]
+    faults += [("a sample of one block", "meta.json", _set(("sample", "blocks"), 1)),
+               ("sample blocks of half an id", "meta.json", _set(("sample", "block_bytes"), 3)),
+               ("a sample SHA-256 that is not one", "meta.json", _set(("shards", 1, "sample_sha256"), "x" * 64)),
+               ("a largest id outside the vocabulary", "meta.json", _set(("shards", 1, "max_id"), 258)),
+               ("a largest id below the shard's ids", "tokens-00001.bin", _set(("shards", 1, "max_id"), 100)),
+               ("a sampled token past the vocabulary", "tokens-00001.bin", _in_sample("tokens-00001.bin", 300)),
+               ("a sampled token above the shard's largest", "tokens-00001.bin", _in_sample("tokens-00001.bin", 257)),
+               ("a sampled token changed in range", "tokens-00001.bin",
+                _in_sample("tokens-00001.bin", lambda t: (t + 1) % 256))]
     for s in SPLITS:
         faults.append((f"splits without {s}", "meta.json", _del(("splits", s))))
         for name in tokencheck.SPLIT_FIELDS:
@@ -171,21 +195,72 @@ def test_damaged_token_corpus_is_one_line(token_dir, tmp_path, capsys, fault, na
     assert not out.exists()
 
 
-def test_full_check_reads_the_shards(token_dir, tmp_path):
-    """Every open checks the shards' sizes only; `full=True` reads them: a changed shard fails
-    on its SHA-256, and a token id past the vocabulary fails even under a matching SHA-256."""
-    tokens.open_corpus(token_dir, "bytes", full=True)
-    root = _broken_copy(token_dir, tmp_path / "a", _flip("tokens-00001.bin"))
+def _outside_sample(shard: str, value, seal: bool = False):
+    """A shard changed in place at a token no open reads; `seal`: its SHA-256 in meta.json then
+    updated, so that only a scan of its ids can tell."""
+    def fault(root: Path):
+        at = np.flatnonzero(~sampled(root, shard))
+        set_tokens(root, shard, at[len(at) // 2], value)
+        if seal:
+            _set(("shards", int(shard[7:12]), "sha256"), tokencheck.sha256_file(root / shard))(root)
+    return fault
+
+
+def test_data_check_reads_what_the_sample_does_not(token_dir, tmp_path, capsys):
+    """A change where no open reads passes the open; `seamkit data check DIR` reads every shard
+    and exits 1 on one line naming it: a changed byte by the shard's SHA-256, a token id past the
+    vocabulary by its scan of the ids even under a SHA-256 updated to match.
+
+    Planted faults this catches: `data check` not reading the shards (`full` ignored), and the
+    full check's id scan removed (the sealed shard passes)."""
+    prepared = tokens.open_corpus(token_dir, "bytes")
+    assert cli.main(["data", "check", str(token_dir)]) == 0
+    assert capsys.readouterr().out == f"ok: {len(prepared.shards)} shards, {prepared.n_tokens():,} tokens\n"
+    for where, fault, want in [
+            ("a", _outside_sample("tokens-00002.bin", lambda t: (t + 1) % 256), "SHA-256 differs"),
+            ("b", _outside_sample("tokens-00002.bin", 258, seal=True), "token id 258 is outside the tokenizer's 258")]:
+        root = _broken_copy(token_dir, tmp_path / where, fault)
+        tokens.open_corpus(root, "bytes")
+        assert cli.main(["data", "check", str(root)]) == 1
+        captured = capsys.readouterr()
+        line = one_line_error(captured.err, "data check")
+        assert f"{root / 'tokens-00002.bin'}: {want}" in line and captured.out == "", line
+
+
+def test_a_folder_prepared_without_a_sample_opens(token_dir, tmp_path):
+    """A folder whose meta.json predates the sample (no "sample", no per-shard sample_sha256 or
+    max_id) opens, and its shards' ids are still checked where the default sample reads.
+
+    Planted faults this catches: the sample's fields required of every meta.json, and the id
+    check skipped without them."""
+    def old(meta):
+        del meta["sample"]
+        for shard in meta["shards"]:
+            del shard["sample_sha256"], shard["max_id"]
+
+    root = _broken_copy(token_dir, tmp_path / "a", _edit_meta(old))
+    assert tokens.open_corpus(root, "bytes").n_docs == tokens.open_corpus(token_dir, "bytes").n_docs
+    set_tokens(root, "tokens-00003.bin", 0, 300)
+    with pytest.raises(DataError, match="^" + re.escape(f"{root / 'tokens-00003.bin'}: token id 300 is outside")):
+        tokens.open_corpus(root, "bytes")
+
+
+def test_training_on_ids_past_the_vocabulary_where_no_open_reads_is_one_line(token_dir, tmp_path, capsys):
+    """`seamkit train` on a folder whose shards hold ids past the vocabulary outside the sample:
+    the batch that holds one stops the run in one line naming the shard, before any step, so
+    no checkpoint is left behind.
+
+    Planted fault this catches: the batch check removed (`corpus.check_vocab`): an IndexError
+    traceback from the embedding."""
+    def everywhere(root):
+        for shard in sorted(root.glob("tokens-*.bin")):
+            set_tokens(root, shard.name, ~sampled(root, shard.name), 300)
+
+    root = _broken_copy(token_dir, tmp_path, everywhere)
     tokens.open_corpus(root, "bytes")
-    with pytest.raises(DataError, match=r"tokens-00001\.bin: SHA-256 differs"):
-        tokens.open_corpus(root, "bytes", full=True)
-
-    def past_the_vocab(root):
-        shard = np.fromfile(root / "tokens-00002.bin", np.uint16)
-        shard[7] = 258
-        shard.tofile(root / "tokens-00002.bin")
-        _set(("shards", 2, "sha256"), tokencheck.sha256_file(root / "tokens-00002.bin"))(root)
-
-    root = _broken_copy(token_dir, tmp_path / "b", past_the_vocab)
-    with pytest.raises(DataError, match=r"tokens-00002\.bin: token id 258 is outside the tokenizer's 258 ids"):
-        tokens.open_corpus(root, "bytes", full=True)
+    out = tmp_path / "run"
+    code = cli.main(["train", "--preset", "tiny", "--max-steps", "1", "--threads", "1",
+                     "--set", f"data.corpus={root}", "--out", str(out)])
+    line = one_line_error(capsys.readouterr().err, "train")
+    assert code == 2 and "holds token id 300, outside the bytes tokenizer's 258 ids" in line, line
+    assert not out.exists()

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from seamkit import config
+from seamkit.data import tokenfiles
 from seamkit.data.corpus import Corpus
 from seamkit.data.errors import DataError
 from seamkit.data.windows import Window, make_windows
@@ -112,3 +113,15 @@ def test_window_errors(corpus):
         make_windows(corpus, "val", 10 ** 6, "all", n=2)
     with pytest.raises(config.ConfigError):
         make_windows(corpus, "val", 512, "random:2", n=1)
+
+
+def test_a_token_past_the_vocabulary_stops_its_window_in_one_line(past_vocab):
+    """An id past the vocabulary where no open reads: the window that holds its document raises
+    one DataError naming the shard and the document.
+
+    Planted fault this catches: the window's check removed (`corpus.check_vocab` not called)."""
+    root, i, shard = past_vocab
+    c = tokenfiles.open_corpus(root, "bytes")
+    with pytest.raises(DataError) as e:
+        make_windows(c, "train", c.n_tokens("train"), "all", n=1)  # one window: every train document
+    assert str(e.value).startswith(f"{root / shard}: document {i} holds token id 300") and "\n" not in str(e.value)

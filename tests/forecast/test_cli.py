@@ -76,3 +76,22 @@ def test_cli_validate_bad_report_gives_one_line(tmp_path, capsys, content, says)
     err = capsys.readouterr().err.strip()
     assert rc == 2 and len(err.splitlines()) == 1 and says in err
     assert not out.parent.exists()
+
+
+def test_cli_says_it_replaces_an_existing_forecast(tmp_path, capsys):
+    """--out naming a file that exists: one line on stderr says it is replaced, stdout stays the
+    forecast's; a new path gets no such line. Planted fault this catches: a forecast written over
+    an earlier one without a word."""
+    cfg = preset("tiny")
+    save_costs(tmp_path / "costs.json", fake_costs(cfg, [1, 2]))
+    out = tmp_path / "f.json"
+    argv = ["forecast", "--preset", "tiny", "--device-counts", "1,2", "--costs", str(tmp_path / "costs.json"),
+            "--link", "0,1e300", "--out", str(out)]
+    assert cli.main(argv) == 0
+    first = capsys.readouterr()
+    assert "replacing" not in first.err and "replacing" not in first.out
+    out.write_text('{"an": "earlier forecast"}')
+    assert cli.main(argv) == 0
+    second = capsys.readouterr()
+    assert second.err.strip() == f"seamkit forecast: replacing existing {out} once the new forecast is written"
+    assert "replacing" not in second.out and json.loads(out.read_text())["devices"] == [1, 2]

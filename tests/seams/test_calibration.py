@@ -83,7 +83,7 @@ def test_calibration_runs_every_candidate_each_round_and_counts_the_median(monke
               ("local", "single"): [5.0, 5.0, 9.0], ("local", "stages"): [8.0, 0.5, 8.0]}
     ran, per_step = [], tiny().data.batch * tiny().model.seq
 
-    def run_arms(specs):  # 8 steps, the last 6 (after the warm-up quarter) at the planned speed
+    def run_arms(specs, stop=None):  # 8 steps, the last 6 (after the warm-up quarter) at the planned speed
         ((arm, spec),) = specs.items()
         assert spec.cfg.train.max_steps == spec.cfg.seams.calibrate_steps and spec.devices == 2
         ran.append((arm, spec.placement.name))
@@ -107,7 +107,7 @@ def test_best_gives_each_arm_its_fastest_candidate(monkeypatch):
     the study does not run (a committed entry may hold one) in the block."""
     seen = {}
 
-    def calibrate(cfg, devices, cands, progress=None):
+    def calibrate(cfg, devices, cands, progress=None, stop=None):
         seen["candidates"] = {a: [p.name for p in ps] for a, ps in cands.items()}
         tps = {a: {p.name: 1.0 + i for i, p in enumerate(ps)} for a, ps in cands.items()}
         tps["e2e"]["dp"] = 99.0
@@ -140,7 +140,7 @@ class Host:
         monkeypatch.setattr(K, "fingerprint", lambda *a, **k: HERE)
         monkeypatch.setattr(K, "measure", self.measure)
 
-    def measure(self, cfg, devices, cands, progress=None, rounds=None):
+    def measure(self, cfg, devices, cands, progress=None, rounds=None, stop=None):
         self.timed.append({a: [p.name for p in ps] for a, ps in cands.items()})
         tps = {a: {p.name: self.speeds[a][p.name] for p in ps} for a, ps in cands.items()}
         return {"tokens_per_s": tps, "spread": None, "seconds": 2.0, "steps": 12, "rounds": rounds or 2,

@@ -1,9 +1,12 @@
 """seams.run: `seamkit train`, one e2e arm in this process. Stopped by a real SIGINT between
 steps, it leaves a checkpoint of plain data from which it goes on and ends like an
-uninterrupted run (same checkpoint id, same loss curve, same held-out loss)."""
+uninterrupted run (same checkpoint id, same loss curve, same held-out loss); so does one a
+SIGTERM stopped."""
 
 import os
 import signal
+
+import pytest
 
 from seamkit import checkpoint
 from seamkit import config as C
@@ -18,18 +21,20 @@ def steps_cfg(**kw):
                                  "model.dropout": 0.1, **kw})
 
 
-def test_train_resumed_after_ctrl_c_ends_like_an_uninterrupted_run(tmp_path):
-    """Planted faults this catches: the first SIGINT stopping mid-step (a checkpoint of half a
-    step) or not at all; the loader, RNG or loop state left out of the checkpoint (another
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_train_resumed_after_a_signal_ends_like_an_uninterrupted_run(tmp_path, sig):
+    """Ctrl-C or a scheduler's SIGTERM. Planted faults this catches: the first signal stopping
+    mid-step (a checkpoint of half a step) or not at all (SIGTERM's default: the test run ends); the loader, RNG or loop state left out of the checkpoint (another
     curve); a checkpoint that needs more than plain data to load."""
     cfg = steps_cfg()
     whole = train_run(cfg, tmp_path / "whole", progress=False)
 
-    def sigint(e):  # the real thing: the loop stops between steps
+    def send(e):  # the real thing: the loop stops between steps
         if e["kind"] == "point" and e["step"] >= 5:
-            os.kill(os.getpid(), signal.SIGINT)
-    part = train_run(cfg, tmp_path / "part", callback=sigint, progress=False)
+            os.kill(os.getpid(), sig)
+    part = train_run(cfg, tmp_path / "part", callback=send, progress=False)
     assert part["status"] == "interrupted" and 5 < part["steps"] < STEPS
+    assert part["interrupted"] == {"phase": "training", "signal": signal.Signals(sig).name}
     ckpt = checkpoint.load(tmp_path / "part" / "checkpoint.pt")  # weights_only: plain data only
     state = ckpt["extra"]["resume"]
     assert ckpt["extra"]["status"] == "interrupted" and state["steps"] == ckpt["step"] == part["steps"]

@@ -127,7 +127,7 @@ def test_the_study_check_is_the_studys_own(tmp_path, monkeypatch):
     Planted fault this catches: a check of the sweep's own (it would drift from the study's)."""
     from seamkit.seams import study
     seen = []
-    monkeypatch.setattr(study, "check", lambda cfg: seen.append(cfg) or (_ for _ in ()).throw(
+    monkeypatch.setattr(study, "check", lambda cfg, here=None: seen.append(cfg) or (_ for _ in ()).throw(
         C.ConfigError("planted")))
     with pytest.raises(P.SweepError, match="point seams=1__seed=0: planted"):
         P.make_plan("seams", {"seams": [1]}, tmp_path / "s", preset="tiny")
@@ -146,6 +146,11 @@ def _config_params(study: str) -> list[tuple[str, str, object]]:
     return out
 
 
+def _in_grid(key: str, value):
+    """A preset's value as a grid spells it: devices 0 (auto) as auto, as the CLI's --devices takes it."""
+    return "auto" if key == P.DEVICES and value == 0 else value
+
+
 STUDY_ARGS = {"seams": [], "pruning": ["--checkpoint", "FILE"]}
 SWEPT = [(study, *p) for study in P.STUDIES for p in _config_params(study)]
 
@@ -161,12 +166,13 @@ def test_a_key_both_the_grid_and_set_fix_is_refused(study, name, key, value, tmp
     base = _study_argv(study, tmp_path)
     spellings = {key, key.split(".")[1]} if P.set_key(key.split(".")[1]) == key else {key}
     for spelling in sorted(spellings):  # --set by dotted key, and by bare name where only one section has it
-        err = _refused([*base, "--grid", f"{name}={value}", "--set", f"{spelling}={value}"], tmp_path, capsys,
-                       monkeypatch)
+        err = _refused([*base, "--grid", f"{name}={_in_grid(key, value)}", "--set", f"{spelling}={value}"], tmp_path,
+                       capsys, monkeypatch)
         owned = key in P.OWNED
         assert (f"the sweep sets {key}" if owned else f"--grid {name} and --set {key} both set {key}") in err
     if name != key:  # the same key swept under both of its names
-        err = _refused([*base, "--grid", f"{name}={value}", "--grid", f"{key}={value}"], tmp_path, capsys, monkeypatch)
+        err = _refused([*base, "--grid", f"{name}={_in_grid(key, value)}", "--grid", f"{key}={_in_grid(key, value)}"],
+                       tmp_path, capsys, monkeypatch)
         assert f"--grid {name} and --grid {key} both set {key}" in err
 
 
@@ -184,8 +190,8 @@ def _bad_values(key: str, value) -> list:
 def test_a_value_one_point_cannot_run_fails_the_sweep_before_any_point(study, name, key, value, bad, tmp_path,
                                                                        capsys, monkeypatch):
     # the bad value second, and two seeds: the sweep would have run the good point first
-    err = _refused([*_study_argv(study, tmp_path), "--grid", f"{name}={value}|{bad}", "--repeats", "2"], tmp_path,
-                   capsys, monkeypatch)
+    err = _refused([*_study_argv(study, tmp_path), "--grid", f"{name}={_in_grid(key, value)}|{bad}", "--repeats", "2"],
+                   tmp_path, capsys, monkeypatch)
     assert f"error: point {P.point_id({name: P.parse_value(bad)}, 0)}: " in err
 
 
@@ -199,3 +205,124 @@ def test_a_target_that_is_not_a_reachable_loss_is_refused(target, collect, tmp_p
     argv = ["--collect", str(tmp_path / "sweep")] if collect else _study_argv("seams", tmp_path) + ["--grid", "seams=1"]
     assert "--target must be a finite loss > 0" in _refused([*argv, f"--target={target}"], tmp_path, capsys,
                                                               monkeypatch)
+
+
+# ----------------------------------------------------------------------------- what a point's study refuses
+
+# every point on the CPU, on a machine of four usable cores, whatever runs the tests
+HOST = ["--preset", "tiny", "--set", "train.device=cpu", "--set", "train.max_steps=2"]
+BENCH = ["--set", "seams.calibration=bench"]
+
+
+@pytest.fixture
+def four_cores(tmp_path, monkeypatch):
+    """Four usable cores and a committed calibration file with no entries (the package's may hold some)."""
+    from seamkit.seams import calibration as K
+    from seamkit.seams import placement
+    monkeypatch.setattr(placement, "usable_cores", lambda: 4)
+    committed = tmp_path / "committed" / "calibrations.json"
+    committed.parent.mkdir()
+    committed.write_text(json.dumps({"entries": []}))
+    monkeypatch.setattr(K, "COMMITTED", committed)
+    monkeypatch.setattr(P, "_fingerprint", lambda: 1.0)  # this host's speed, as an entry written here gives it
+    return committed
+
+
+@pytest.mark.parametrize("argv, message", [
+    # a pipe's micro-batches must divide the batch (tiny: 4), and fit the schedule
+    (["--grid", "placement=e2e=pipe:gpipe:3", "--set", "devices=2"],
+     "point placement=e2e_pipe:gpipe:3__seed=0: gpipe: 3 micro-batches do not divide data.batch=4"),
+    (["--grid", "data.batch=4,3", "--set", "placement=e2e=pipe:gpipe:2", "--set", "devices=2"],
+     "point data.batch=3__seed=0: gpipe: 2 micro-batches do not divide data.batch=3"),
+    (["--grid", "placement=e2e=single|e2e=pipe:1f1b:1", "--set", "devices=2"],
+     "point placement=e2e_pipe:1f1b:1__seed=0: schedule 1f1b needs micro_batches >= stages (2), got 1"),
+    # data parallel: at least two devices, each an equal share of the batch
+    (["--grid", "seams=1,2", "--set", "placement=e2e=dp", "--set", "devices=1"],
+     "point seams=1__seed=0: seams.placement: e2e=dp needs at least 2 devices; seams.devices is 1"),
+    (["--grid", "batch=4,6", "--set", "seams.placement=e2e=dp", "--set", "seams.devices=4"],
+     "point batch=6__seed=0: data.batch=6 does not split over 4 data-parallel ranks"),
+    # devices x placement: a budget the named placements cannot run on, and one beyond the machine
+    (["--grid", "devices=2,1", "--set", "seams.placement=e2e=dp"],
+     "point devices=1__seed=0: seams.placement: e2e=dp needs at least 2 devices"),
+    (["--grid", "devices=2,1", "--set", "placement=local=stages"],
+     "point devices=1__seed=0: seams.placement: local=stages needs at least 2 devices"),
+    (["--grid", "devices=2,1", "--grid", "placement=e2e=dp|local=stages"],
+     "point devices=1__placement=e2e_dp__seed=0: seams.placement: e2e=dp needs at least 2 devices"),
+    (["--grid", "devices=2,8"], "point devices=8__seed=0: seams.devices=8: this machine has 4 usable core(s)"),
+    # calibration=bench where the study would calibrate: no committed entry for this host and config
+    (["--grid", "devices=1,2", *BENCH],
+     "point devices=2__seed=0: seams.calibration=bench: calibrations.json has no entry for this host and config"),
+    (["--grid", "seams=1,2", "--set", "placement=e2e=dp", "--set", "devices=2", *BENCH],
+     "point seams=1__seed=0: seams.calibration=bench: calibrations.json has no entry"),
+    (["--grid", "calibration=run,bench", "--set", "devices=2"],
+     "point calibration=bench__seed=0: seams.calibration=bench: calibrations.json has no entry"),
+    # devices as `seamkit seams --devices` takes them: a positive count or auto
+    (["--grid", "devices=0,2"], "--grid devices: expected a positive number of devices or auto, got 0"),
+    (["--grid", "seams.devices=2,0"], "--grid seams.devices: expected a positive number of devices or auto, got 0"),
+    (["--grid", "devices=auto,-1"], "--grid devices: expected a positive number of devices or auto, got -1"),
+])
+def test_a_point_its_study_would_refuse_fails_the_sweep_before_any_point(argv, message, four_cores, tmp_path, capsys,
+                                                                         monkeypatch):
+    """Every point is checked with the study's own checks (the placements within its budget, a
+    committed calibration for `bench`), devices as the CLI takes them, in one line naming the
+    point, exit 2, nothing written and no kernel started (`_refused`), whichever of several grid
+    values is the bad one. Planted faults these catch: a placement, budget or bench check left to
+    the point's notebook (the plan passes, `_Running` starts a point); a grid value of 0 devices run
+    as auto under the label 0."""
+    err = _refused(["seams", *HOST, *argv, "--out", str(tmp_path / "s")], tmp_path, capsys, monkeypatch)
+    assert err.startswith(f"seamkit sweep: error: {message}"), err
+
+
+def test_a_bench_point_of_a_pruning_sweep_is_checked(four_cores, tmp_path, capsys, monkeypatch):
+    """--checkpoint seams: the seams points that train the checkpoints are checked like any other."""
+    err = _refused(["pruning", "--checkpoint", "seams", "--grid", "policy=all", *HOST, *BENCH, "--set",
+                    "seams.devices=2", "--out", str(tmp_path / "s")], tmp_path, capsys, monkeypatch)
+    assert "error: point checkpoint__seed=0: seams.calibration=bench: calibrations.json has no entry" in err
+
+
+def test_bench_is_refused_as_the_study_refuses_it(four_cores, tmp_path):
+    """The sweep's bench check against the study's own calibration step (which, with no entry,
+    stops before it measures anything): the same line, and a plan that passes wherever the study
+    would take the committed entry. Planted faults this catch: a sweep message that drifts from
+    the study's; a sweep stricter than the study (an entry that covers every candidate refused, or
+    a placement naming every arm, which calibrates nothing, refused)."""
+    from seamkit.seams import calibration as K
+    from seamkit.seams.placement import candidates
+    cfg = C.override(C.preset("tiny"), {"train.device": "cpu", "seams.calibration": "bench", "seams.devices": 2})
+    with pytest.raises(C.ConfigError) as study:
+        K.calibrate(cfg, 2, candidates(cfg, 2))
+    with pytest.raises(P.SweepError) as sweep:
+        P.make_plan("seams", {"seams": ["all"]}, tmp_path / "s", preset="tiny",
+                    overrides={"train.device": "cpu", "seams.calibration": "bench", "seams.devices": "2"})
+    assert str(sweep.value) == f"point seams=all__seed=0: {study.value}"
+    named = {"train.device": "cpu", "seams.calibration": "bench", "seams.devices": "2",
+             "seams.placement": "e2e=dp,local=stages"}
+    assert P.make_plan("seams", {"seams": ["all"]}, tmp_path / "s", preset="tiny", overrides=named)["points"]
+    four_cores.write_text(json.dumps({"entries": [{
+        "machine": K.machine_key(), "speed_key": K.speed_key(cfg, 2), "fingerprint": 1.0,
+        "tokens_per_s": {a: {p.name: 1.0 for p in ps} for a, ps in candidates(cfg, 2).items()}}]}))
+    assert P.make_plan("seams", {"seams": ["all"]}, tmp_path / "s", preset="tiny", overrides={
+        "train.device": "cpu", "seams.calibration": "bench", "seams.devices": "2"})["points"]
+
+
+@pytest.mark.parametrize("text", ["0", "-2", "auto", "AUTO", "1", "2"])
+def test_grid_devices_are_what_the_cli_takes(text, four_cores, tmp_path):
+    """A --grid devices value is refused exactly where `seamkit seams --devices` refuses it, and
+    `auto` runs the config's auto (seams.devices=0) under its own label. Planted faults this
+    catches: 0 swept as auto; auto refused, or passed on as the string the config rejects."""
+    import argparse
+
+    from seamkit.cli.common import devices_flag
+    try:
+        want = devices_flag(text)
+    except argparse.ArgumentTypeError:
+        want = None
+    grid = P.parse_grid([f"devices={text}"])
+    if want is None:
+        with pytest.raises(P.SweepError, match="--grid devices: expected a positive number of devices or auto"):
+            P.make_plan("seams", grid, tmp_path / "s", preset="tiny", overrides={"train.device": "cpu"})
+        return
+    point = P.make_plan("seams", grid, tmp_path / "s", preset="tiny", overrides={"train.device": "cpu"})["points"][0]
+    assert point["id"] == f"devices={text}__seed=0"
+    assert point["parameters"]["devices"] == want and point["expect"]["seams.devices"] == want
+    assert P.labels(point, "tiny")["seams.devices"] == (f"devices={text}", want)  # what its report must show
