@@ -1,4 +1,4 @@
-"""What both studies share about optimization: AdamW's parameter groups and the LR schedule.
+"""What both studies share about optimization: the optimizer (AdamW, or Muon with AdamW) and the LR schedule.
 
 Two schedules (`train.lr_schedule`), both linear warm-up then cosine decay to `min_lr_frac * lr`:
 
@@ -26,22 +26,100 @@ from seamkit.config import TrainConfig
 FUSED_DEVICES = ("cpu", "cuda")  # where torch's fused AdamW kernel runs
 
 
-def make_optimizer(module: nn.Module, tc: TrainConfig) -> torch.optim.AdamW:
-    """AdamW with decay on matrices (dim >= 2) and none on norms and biases (nanoGPT's rule).
+def make_optimizer(module: nn.Module, tc: TrainConfig, segments: list[list] | None = None):
+    """`train.optimizer`'s optimizer over `module`'s parameters: AdamW (`adamw`), or Muon on the
+    blocks' weight matrices and AdamW on the rest (`muon`, `MuonAdamW`). `segments`: the
+    parameters as parts (each segment's), each in groups of its own tagged `segment` (the index),
+    so a part can run at an LR of its own (`step_at`'s `lr_scale`).
 
-    The fused kernel (one vectorized pass per tensor) where the parameters' device has one: on
-    CPU torch's default is a per-tensor loop of small ops, about 10x slower (0.25 s against
-    0.025 s a step on the 39M parameters of a Qwen-vocabulary embedding and head). Its update
-    is elementwise, so it does not depend on how the parameters are grouped or split into
-    stages; every step the kit compares (pruned, reference, pipelined) uses this optimizer.
+    AdamW decays matrices (dim >= 2) and not norms and biases (nanoGPT's rule), with the fused
+    kernel (one vectorized pass per tensor) where the parameters' device has one: on CPU torch's
+    default is a per-tensor loop of small ops, about 10x slower (0.25 s against 0.025 s a step on
+    the 39M parameters of a Qwen-vocabulary embedding and head). Both update each tensor on its
+    own (AdamW elementwise, Muon one matrix at a time), so neither depends on how the parameters
+    are grouped or split into stages: every placement trains what one process trains.
     """
     params = list(module.parameters())
-    decay = [p for p in params if p.dim() >= 2]
-    no_decay = [p for p in params if p.dim() < 2]
+    parts = [params] if segments is None else segments
+    if tc.optimizer == "muon":
+        hidden = hidden_matrices(module)
+        if hidden:
+            split = [[p for p in part if any(p is h for h in hidden)] for part in parts]
+            rest = [[p for p in part if all(p is not h for h in hidden)] for part in parts]
+            return MuonAdamW(split, _adamw(rest, tc, segments is not None), tc, segments is not None)
+    return _adamw(parts, tc, segments is not None)
+
+
+def _adamw(parts: list[list], tc: TrainConfig, tagged: bool) -> torch.optim.AdamW:
+    """AdamW over `parts` (lists of parameters): a decay and a no-decay group each, tagged with
+    their part's index as `segment` where `tagged`."""
+    params = [p for part in parts for p in part]
     fused = bool(params) and all(p.device.type in FUSED_DEVICES and p.is_floating_point() for p in params)
-    return torch.optim.AdamW([{"params": decay, "weight_decay": tc.weight_decay},
-                              {"params": no_decay, "weight_decay": 0.0}],
-                             lr=tc.lr, betas=(tc.beta1, tc.beta2), fused=fused or None)
+    groups = []
+    for k, part in enumerate(parts):
+        tag = {"segment": k} if tagged else {}
+        groups += [{"params": [p for p in part if p.dim() >= 2], "weight_decay": tc.weight_decay, **tag},
+                   {"params": [p for p in part if p.dim() < 2], "weight_decay": 0.0, **tag}]
+    return torch.optim.AdamW(groups, lr=tc.lr, betas=(tc.beta1, tc.beta2), fused=fused or None)
+
+
+def hidden_matrices(module: nn.Module) -> list[nn.Parameter]:
+    """The weight matrices of the linear layers inside transformer blocks (`model.Block`): what
+    Muon trains. The embedding, the LM head, norms, biases and the aux heads' classifiers are not."""
+    from seamkit.model import Block
+    out, seen = [], set()
+    for m in module.modules():
+        if isinstance(m, Block):
+            for lin in m.modules():
+                if isinstance(lin, nn.Linear) and id(lin.weight) not in seen:
+                    seen.add(id(lin.weight))
+                    out.append(lin.weight)
+    return out
+
+
+class MuonAdamW:
+    """Muon over `hidden` and an AdamW over the rest, stepped as one optimizer: one list of
+    param groups (Muon's first, each with `lr_ratio`, its peak LR over AdamW's, which `step_at`
+    scales the schedule's LR by), one state dict holding both."""
+
+    def __init__(self, hidden: list[list], adamw: torch.optim.AdamW, tc: TrainConfig, tagged: bool):
+        groups = [{"params": part, "lr_ratio": tc.muon_lr / tc.lr, **({"segment": k} if tagged else {})}
+                  for k, part in enumerate(hidden) if part]
+        self.muon = torch.optim.Muon(groups, lr=tc.muon_lr, weight_decay=tc.weight_decay, momentum=tc.muon_momentum)
+        self.adamw = adamw
+        self._parts = (self.muon, self.adamw)
+
+    @property
+    def param_groups(self) -> list[dict]:
+        return self.muon.param_groups + self.adamw.param_groups
+
+    @property
+    def state(self):
+        return {**self.muon.state, **self.adamw.state}
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        for part in self._parts:
+            part.step()
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for part in self._parts:
+            part.zero_grad(set_to_none=set_to_none)
+
+    def state_dict(self) -> dict:
+        return {"muon": self.muon.state_dict(), "adamw": self.adamw.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        if set(state) != {"muon", "adamw"}:
+            raise ValueError("not the state of a Muon and AdamW pair (trained with train.optimizer=adamw?)")
+        self.muon.load_state_dict(state["muon"])
+        self.adamw.load_state_dict(state["adamw"])
+
+
+def state_bytes(opts) -> int:
+    """Bytes of optimizer state (moments, momentum buffers) the optimizers `opts` hold now."""
+    return sum(t.numel() * t.element_size() for o in opts for s in o.state.values() for t in s.values()
+               if isinstance(t, torch.Tensor))
 
 
 def _cosine(t: float, tc: TrainConfig) -> float:
@@ -90,8 +168,10 @@ def scheduled_lr(step: int, elapsed_s: float, tc: TrainConfig) -> float:
 
 
 def step_at(opts, lr: float) -> None:
-    """One step of every optimizer in `opts` at learning rate `lr` (the one place an update sets it)."""
+    """One step of every optimizer in `opts` at learning rate `lr` (the one place an update sets it;
+    a group runs at that times its `lr_ratio`, the optimizer's peak over AdamW's, and its
+    `lr_scale`, a correction of its own: both 1 where absent, which is exact)."""
     for opt in opts:
         for g in opt.param_groups:
-            g["lr"] = lr
+            g["lr"] = lr * g.get("lr_ratio", 1.0) * g.get("lr_scale", 1.0)
         opt.step()

@@ -1,5 +1,6 @@
-"""optim: AdamW's parameter groups, its fused update, and the two LR schedules."""
+"""optim: AdamW's parameter groups, its fused update, Muon beside it, and the two LR schedules."""
 
+import copy
 import math
 
 import pytest
@@ -72,3 +73,76 @@ def test_adamw_is_fused_on_cpu_and_updates_like_the_reference_formula():
         step = m / (1 - tc.beta1) / ((v / (1 - tc.beta2)).sqrt() + 1e-8)
         want = before[n] * (1 - tc.lr * wd) - tc.lr * step
         torch.testing.assert_close(p.detach(), want, rtol=1e-5, atol=1e-7)  # float32: the kernel's own order
+
+
+def test_muon_takes_the_blocks_matrices_and_adamw_the_rest():
+    """train.optimizer=muon: Muon on each block's four weight matrices, AdamW (with its decay rule)
+    on the embedding, the head, norms and biases. Planted fault this catches: every 2-D tensor to
+    Muon (the embedding and the head orthogonalized)."""
+    cfg = C.override(C.tiny(), {"train.optimizer": "muon"})
+    model = GPT(cfg.model)
+    opt = OPT.make_optimizer(model, cfg.train)
+    names = {id(p): n for n, p in model.named_parameters()}
+    muon = {names[id(p)] for g in opt.muon.param_groups for p in g["params"]}
+    want = {f"blocks.{i}.{m}.weight" for i in range(cfg.model.n_blocks)
+            for m in ("attn.qkv", "attn.proj", "mlp.fc", "mlp.proj")}
+    assert muon == want
+    rest = {names[id(p)] for g in opt.adamw.param_groups for p in g["params"]}
+    assert rest == set(names.values()) - want and {"embed.weight", "head.weight"} <= rest
+    assert isinstance(OPT.make_optimizer(model, C.tiny().train), torch.optim.AdamW)  # the default
+
+
+def test_muon_runs_at_its_own_lr_on_the_schedule_and_keeps_its_state():
+    """One step at the schedule's LR: Muon's groups at muon_lr/lr times it, AdamW's at it; the state
+    dict of both loads into a fresh pair and steps on identically. Planted faults this catches:
+    Muon at AdamW's LR (lr_ratio ignored), and a state dict that drops Muon's momentum."""
+    cfg = C.override(C.tiny(), {"train.optimizer": "muon", "train.muon_lr": 0.05, "train.lr": 1e-3})
+    torch.manual_seed(0)
+    model = GPT(cfg.model)
+    x = torch.randint(0, cfg.model.vocab, (2, 8))
+
+    def grads(m):
+        for p in m.parameters():
+            p.grad = torch.ones_like(p) * 0.01 + 0.001 * p.detach()
+    opt = OPT.make_optimizer(model, cfg.train)
+    grads(model)
+    OPT.step_at([opt], 5e-4)
+    assert [g["lr"] for g in opt.muon.param_groups] == [5e-4 * 50] and {g["lr"] for g in opt.adamw.param_groups} == {5e-4}
+    assert OPT.state_bytes([opt]) > 0 and x.shape == (2, 8)
+    twin = GPT(cfg.model)
+    twin.load_state_dict(model.state_dict())
+    other = OPT.make_optimizer(twin, cfg.train)
+    other.load_state_dict(copy.deepcopy(opt.state_dict()))  # as a checkpoint holds it: a copy
+    for m, o in ((model, opt), (twin, other)):
+        grads(m)
+        OPT.step_at([o], 5e-4)
+    for (n, a), b in zip(model.named_parameters(), twin.parameters()):
+        assert torch.equal(a, b), n
+    with pytest.raises(ValueError, match="not the state of a Muon and AdamW pair"):
+        other.load_state_dict(torch.optim.AdamW(model.parameters()).state_dict())
+
+
+@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
+def test_parameters_in_parts_update_as_one_group_does(optimizer):
+    """Groups per segment (what PipeMare's rescheduling needs) change nothing at scale 1: one step
+    from the same gradients is torch.equal to the ungrouped optimizer's. Planted fault this catches:
+    a part's groups built with AdamW's decay rule swapped (norms decayed)."""
+    cfg = C.override(C.tiny(), {"train.optimizer": optimizer})
+    torch.manual_seed(0)
+    a = GPT(cfg.model)
+    b = GPT(cfg.model)
+    b.load_state_dict(a.state_dict())
+    names = [n for n, _ in b.named_parameters()]
+    parts = [[p for n, p in b.named_parameters() if n.startswith(("embed", "blocks.0"))],
+             [p for n, p in b.named_parameters() if not n.startswith(("embed", "blocks.0"))]]
+    assert sum(map(len, parts)) == len(names)
+    whole, split = OPT.make_optimizer(a, cfg.train), OPT.make_optimizer(b, cfg.train, parts)
+    assert {g["segment"] for g in split.param_groups} == {0, 1}
+    for _ in range(2):
+        for m in (a, b):
+            for p in m.parameters():
+                p.grad = torch.sin(p.detach() * 7.0)
+        OPT.step_at([whole], 1e-3)
+        OPT.step_at([split], 1e-3)
+    for n, p, q in zip(names, a.parameters(), b.parameters()):
+        assert torch.equal(p, q), n

@@ -38,6 +38,7 @@ from seamkit.config.sections import (
     IN_FLIGHT_MAX,
     LR_SCHEDULES,
     OBJECTIVES,
+    OPTIMIZERS,
     ORDERS,
     TOKENIZERS,
     DataConfig,
@@ -52,7 +53,7 @@ from seamkit.config.sections import (
 from seamkit.seams.policy import ARMS
 
 __all__ = ["ARMS", "CALIBRATIONS", "ConfigError", "DTYPES", "DataConfig", "IN_FLIGHT_MAX", "KINDS", "LR_SCHEDULES", "ModelConfig",
-           "OBJECTIVES", "ORDERS", "OneLineParser", "PIPELINE_SCHEDULES", "PRESETS", "Placement", "PruneConfig",
+           "OBJECTIVES", "OPTIMIZERS", "ORDERS", "OneLineParser", "PIPELINE_SCHEDULES", "PRESETS", "Placement", "PruneConfig",
            "RENAMED", "Range", "RunConfig", "SeamkitError", "SeamsConfig", "TOKENIZERS", "TrainConfig", "check_fields",
            "check_policy", "cpu", "dotted_key", "dumps", "from_dict", "name_in", "override", "parse_arms",
            "parse_choice", "parse_overrides", "parse_placement", "parse_seams", "preset", "ranged", "seed", "segments",

@@ -21,6 +21,7 @@ CALIBRATIONS = ("auto", "run", "bench")  # where seams.placement=best finds each
 DTYPES = ("float32", "float64", "bfloat16")
 LR_SCHEDULES = ("budget", "steps")
 ORDERS = ("interleaved", "sequential")
+OPTIMIZERS = ("adamw", "muon")
 
 # What a study does off its budget's clock (before the arms start, between and after them) is
 # sized by config values; each has a ceiling, so no value can stall a study before its budget
@@ -76,9 +77,14 @@ class TrainConfig:
     min_lr_frac: float = ranged(0.1, ge=0, le=1)  # cosine decay floor, as a fraction of lr
     warmup_steps: int = ranged(100, ge=0)  # linear warm-up
     decay_steps: int = ranged(20000, ge=0)  # length of the cosine decay after warm-up (step-based, same for both arms)
-    weight_decay: float = ranged(0.1, ge=0)  # AdamW decoupled weight decay
+    weight_decay: float = ranged(0.1, ge=0)  # decoupled weight decay (AdamW's and Muon's)
     beta1: float = ranged(0.9, ge=0, lt=1)  # AdamW first-moment decay
     beta2: float = ranged(0.95, ge=0, lt=1)  # AdamW second-moment decay
+    # adamw, or muon: Muon (torch.optim.Muon) on the blocks' weight matrices, AdamW on the rest
+    # (embedding, head, norms, biases, the aux heads' classifiers), as Muon's authors train
+    optimizer: str = "adamw"
+    muon_lr: float = ranged(0.02, gt=0)  # Muon's peak learning rate, on the same schedule as lr
+    muon_momentum: float = ranged(0.95, ge=0, lt=1)  # Muon's (Nesterov) momentum
     grad_clip: float = ranged(1.0, ge=0)  # global-norm clip; 0 disables
     seed: int = ranged(0, ge=0, le=2**31 - 1)  # weights, data order and random loss masks (what every RNG takes)
     device: str = "auto"  # "auto" (cuda if present), "cpu" or "cuda"
@@ -102,6 +108,7 @@ class TrainConfig:
             raise ConfigError(f"train.device must be auto, cpu or cuda, got {self.device!r}")
         one_of("train.dtype", self.dtype, DTYPES)
         one_of("train.lr_schedule", self.lr_schedule, LR_SCHEDULES)
+        one_of("train.optimizer", self.optimizer, OPTIMIZERS)
 
 
 @dataclass
@@ -127,6 +134,10 @@ class SeamsConfig:
     delay: int = ranged(1, ge=0, le=IN_FLIGHT_MAX)
     weight_stashing: bool = True  # delayed arm: backward under the weights batch t's forward used (else the current ones)
     local_weight: float = ranged(0.0, ge=0)  # delayed arm: weight of each segment's aux_head loss gradient; 0: none
+    # delayed arm, PipeMare's learning-rate rescheduling (Yang et al., MLSys 2021): a segment whose
+    # gradient comes tau steps late runs at lr / tau**p, p falling linearly from 1 at step 0 to 0 at
+    # this step; 0: off (every segment at lr)
+    lr_delay_steps: int = ranged(0, ge=0)
     arms: str = "e2e,local"  # the study's arms: a comma list of distinct names from e2e, local, delayed (e2e always)
 
     def __post_init__(self):

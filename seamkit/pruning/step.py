@@ -45,6 +45,9 @@ class Stepper:
 
     def __init__(self, model_cfg, model_state: dict, opt_state: dict | None, cfg: RunConfig,
                  dtype: torch.dtype, device: torch.device):
+        if cfg.train.optimizer != "adamw":
+            raise CheckError(f"the pruning study checks AdamW steps; this run asks for train.optimizer="
+                             f"{cfg.train.optimizer} (--set train.optimizer=adamw)")
         self.model = GPT(model_cfg).to(device=device, dtype=dtype)
         self.model.load_state_dict(model_state)
         self.model.train()

@@ -106,7 +106,11 @@ class Chain:
         self.owned = {k: [(n, params[n]) for n in names[k]] for k in self.mine}
         self.slots = {k: [order.index(n) for n in names[k]] for k in self.mine}
         self.head_slot = {k: head_at[k] for k in self.mine if k in head_at}
-        self.opt = make_optimizer(self.model, cfg.train)  # AdamW is elementwise: a share updates as the whole does
+        # per-tensor updates (AdamW elementwise, Muon a matrix at a time): a share updates as the whole does.
+        # PipeMare's rescheduling gives each held segment its own groups, at an LR of its own (`_rescale`)
+        self.lr_delay_steps = cfg.seams.lr_delay_steps if self.policy.arm == "delayed" and self.policy.delay else 0
+        parts = [[p for _, p in self.owned[k]] for k in self.mine] if self.lr_delay_steps else None
+        self.opt = make_optimizer(self.model, cfg.train, parts)
         self.head_opt = make_optimizer(self.heads, cfg.train) if len(self.heads) else None
         self.groups = [[p for _, p in self.owned[k]] + self._head_params(k) for k in self.mine]
         self.ctx = self.model.context(cfg.model.seq, device, self.dtype)  # RoPE tables; rows are plain causal
@@ -297,10 +301,22 @@ class Chain:
             return values, broken[0]
         params = [p for o in self.opts for g in o.param_groups for p in g["params"]]
         U.clip(params, self.clip, U.global_norm(vec[:P], vec[P:2 * P]))
+        self._rescale()
         U.apply(self.opts, lr)
         self.link.commit_gradients(self.policy.delay)  # the sends the previous rank has taken by now
         self._peak()
         return values, None
+
+    def _rescale(self) -> None:
+        """PipeMare's learning-rate rescheduling (Yang et al., MLSys 2021; `seams.lr_delay_steps`):
+        at step t a segment whose gradient is tau steps late runs at lr / tau**p, p = 1 - t/T falling
+        to 0 at T = lr_delay_steps, so the most stale segments start slowest and all end at lr."""
+        if not self.lr_delay_steps:
+            return
+        p = max(0.0, 1.0 - (self.t - 1) / self.lr_delay_steps)
+        for g in self.opt.param_groups:
+            tau = self.delay_of(self.mine[g["segment"]])
+            g["lr_scale"] = tau ** -p if tau > 0 else 1.0
 
     # -- what is in flight
 

@@ -20,6 +20,7 @@ from seamkit.config import RunConfig, override
 from seamkit.data.rows import RowLoader
 from seamkit.flops import count_flops
 from seamkit.model import resolve_device
+from seamkit.optim import state_bytes, step_at
 from seamkit.seams.chain import Chain
 from seamkit.seams.placement import arm_segments
 
@@ -54,8 +55,10 @@ def _counted(cfg: RunConfig, arm: str) -> RunConfig:
 
 
 def arm_costs(cfg: RunConfig, corpus) -> dict:
-    """{arm: params, aux_head_params, flops_per_token (one training step), forward_flops_per_token,
-    aux_head_flops_per_token, aux_head_forward_share} from one step on a fresh copy of each arm."""
+    """{arm: params, aux_head_params, flops_per_token (one training step, its update included),
+    forward_flops_per_token, aux_head_flops_per_token, aux_head_forward_share,
+    optimizer_flops_per_token (the update alone), optimizer_state_bytes} from one step on a fresh
+    copy of each arm."""
     per_token = cfg.data.batch * cfg.model.seq
     device = resolve_device(cfg.train.device)
     x_BT, y_BT = RowLoader(corpus, "train", cfg.data.batch, cfg.model.seq, cfg.train.seed, device=device).next()
@@ -69,6 +72,9 @@ def arm_costs(cfg: RunConfig, corpus) -> dict:
         fwd = count_flops(lambda: _forward(ch, x_BT, y_BT))
         step = count_flops(lambda: ch.step(x_BT, y_BT, cfg.train.lr), per_module=arm != "delayed")
         fwd_total = fwd.get_total_flops()
+        for q in (q for o in ch.opts for g in o.param_groups for q in g["params"]):
+            q.grad = torch.ones_like(q)
+        update = count_flops(lambda: step_at(ch.opts, cfg.train.lr), per_module=False)
         out[arm] = {
             "params": sum(p.numel() for p in ch.model.parameters()),
             "aux_head_params": sum(p.numel() for p in ch.heads.parameters()),
@@ -76,6 +82,9 @@ def arm_costs(cfg: RunConfig, corpus) -> dict:
             "forward_flops_per_token": fwd_total / per_token,
             "aux_head_flops_per_token": _aux_flops(step, ch) / per_token,
             "aux_head_forward_share": _aux_flops(fwd, ch) / fwd_total if fwd_total else 0.0,
+            # the update's own (in the step's too): Muon's orthogonalization, none for AdamW's elementwise one
+            "optimizer_flops_per_token": update.get_total_flops() / per_token,
+            "optimizer_state_bytes": state_bytes(ch.opts),
         }
         if arm == "delayed" and len(ch.heads):  # its step's FLOPs have no per-module table
             out[arm]["aux_head_flops_per_token"] = out.get("local", {}).get("aux_head_flops_per_token")

@@ -140,6 +140,7 @@ def build_report(cfg: RunConfig, results: dict, interrupted: bool = False, isola
         "objective_method": OBJECTIVE_NAMES[cfg.seams.objective],
         "objective_bytes": {**extra, **objective_ratios(b, extra)},
         "lr_schedule": cfg.train.lr_schedule,
+        "optimizer": cfg.train.optimizer,
         "order": cfg.seams.order if isolated else "sequential, in one process",
         **{f"{a}_over_e2e": over_e2e(arms[a]) for a in names[1:]},
         "matmul_peak": peak,
@@ -333,7 +334,8 @@ def summary_table(report: dict) -> str:
     lines = ["  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))) for r in rows]
     if n is not None:
         lines.append(f"({n} seed{'s' if n != 1 else ''} {report.get('seeds')}; mean ± 95% half-width where n > 1; "
-                     f"order {report.get('order')}, LR schedule {report.get('lr_schedule')})")
+                     f"order {report.get('order')}, LR schedule {report.get('lr_schedule')}, "
+                     f"optimizer {report.get('optimizer', 'adamw')})")
     names = list(report["arms"])
     lines += _equal_token_lines(report, names)
     p = agg.get("paired", {})

@@ -141,6 +141,11 @@ class SeamsPanel(W.VBox):
                            placeholder="e2e,local or e2e,local,delayed")
         self.delay = W.BoundedIntText(value=cfg.seams.delay, min=0, max=C.IN_FLIGHT_MAX, description="delay",
                                       style=style, layout=W.Layout(width="120px"))
+        self.optimizer = W.Dropdown(options=list(C.OPTIMIZERS), value=cfg.train.optimizer, description="optimizer",
+                                    style=style, layout=W.Layout(width="170px"))
+        self.lr_delay_steps = W.BoundedIntText(value=cfg.seams.lr_delay_steps, min=0, max=10**9,
+                                               description="PipeMare LR steps", style=style,
+                                               layout=W.Layout(width="190px"))
         self.run = W.Button(description="Run", button_style="primary", icon="play",
                             tooltip="train both arms for the budget each, for every seed")
         self.bars = {arm: W.IntProgress(value=0, min=0, max=100, description=arm, style=style) for arm in ARMS}
@@ -158,6 +163,7 @@ class SeamsPanel(W.VBox):
         super().__init__([
             W.HBox([self.preset, self.budget, self.objective, self.seams]),
             W.HBox([self.repeats, self.order, self.arms, self.delay]),
+            W.HBox([self.optimizer, self.lr_delay_steps]),
             W.HBox([self.devices, self.placement, self.run]),
             *(W.HBox([self.bars[arm], self.notes[arm]]) for arm in ARMS),
             self.status, self.figure, self.result,
@@ -169,13 +175,15 @@ class SeamsPanel(W.VBox):
             "train.budget_seconds": self.budget.value, "seams.objective": self.objective.value,
             "seams.seams": self.seams.value, "seams.repeats": self.repeats.value, "seams.order": self.order.value,
             "seams.devices": 0 if self.devices.value.strip().lower() == "auto" else self.devices.value,
-            "seams.placement": self.placement.value, "seams.arms": self.arms.value, "seams.delay": self.delay.value})
+            "seams.placement": self.placement.value, "seams.arms": self.arms.value, "seams.delay": self.delay.value,
+            "train.optimizer": self.optimizer.value, "seams.lr_delay_steps": self.lr_delay_steps.value})
 
     def _on_preset(self, change) -> None:
         cfg = build_config(change["new"], self.settings)
         self.budget.value, self.repeats.value = cfg.train.budget_seconds, cfg.seams.repeats
         self.devices.value, self.placement.value = str(cfg.seams.devices or "auto"), cfg.seams.placement
         self.arms.value, self.delay.value = cfg.seams.arms, cfg.seams.delay
+        self.optimizer.value, self.lr_delay_steps.value = cfg.train.optimizer, cfg.seams.lr_delay_steps
 
     def _on_run(self, _button=None) -> None:
         from seamkit.seams.study import seams_study

@@ -43,6 +43,8 @@ E2E_CASES = {
     "pipe_nan_zbv": ("pipe:zbv:4", {"train.max_steps": 100}, "1:1:nan@1:e2e"),  # rank 1's second stage: virtual 2
     "pipe_slow": ("pipe:gpipe:2", {}, "0:*:slow:e2e"),  # rank 0 SLOW_S slower every step
     "dp": ("dp", {"train.dtype": "float64"}, None),
+    "dp_muon": ("dp", {"train.dtype": "float64", "train.optimizer": "muon"}, None),
+    "pipe_muon": ("pipe:gpipe:2", {"train.optimizer": "muon"}, None),
     "dp_nan": ("dp", {"train.dtype": "float64", "train.max_steps": 100}, "1:1:nan:e2e"),
 }
 

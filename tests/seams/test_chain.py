@@ -430,3 +430,20 @@ def test_a_kept_graph_is_rebuilt_bit_for_bit_from_its_inflight_state(corpus, tmp
             assert eb["out"].grad_fn is not None
         assert [e["due"] for e in a.inbox[k]] == [e["due"] for e in b.inbox[k]]
     assert F.kept_bytes(a.stash.values(), a.inbox.values()) == F.kept_bytes(b.stash.values(), b.inbox.values())
+
+
+def test_pipemare_runs_each_segment_at_lr_over_its_delay_to_a_falling_power(corpus):
+    """seams.lr_delay_steps=T: at step t a segment tau steps late runs at lr / tau**(1 - t/T), and at
+    lr from step T on; the last segment (tau 0) at lr throughout. Planted faults this catches: the
+    power not falling (every segment slow for good), and tau read as the first segment's for all."""
+    cfg = C.override(C.tiny(), {"seams.arms": "e2e,local,delayed", "seams.delay": 1, "seams.lr_delay_steps": 4})
+    segs = arm_segments(cfg, "delayed")
+    ch = Chain(cfg, "delayed", segs, range(len(segs)), torch.device("cpu"), corpus)
+    loader = RowLoader(corpus, "train", cfg.data.batch, cfg.model.seq, 0)
+    lr, S = 1e-3, len(segs)
+    for t in range(6):
+        ch.step(*loader.next(), lr)
+        p = max(0.0, 1 - t / 4)
+        for g in ch.opt.param_groups:
+            tau = S - 1 - g["segment"]
+            assert g["lr"] == (lr * tau ** -p if tau else lr), (t, g["segment"])

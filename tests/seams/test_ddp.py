@@ -21,7 +21,8 @@ def runs(tmp_path_factory):
     return H.e2e_runs(tmp_path_factory)
 
 
-def test_dp_equals_one_process_on_the_same_global_batch(runs, corpus, tmp_path):
+@pytest.mark.parametrize("case", ["dp", "dp_muon"])
+def test_dp_equals_one_process_on_the_same_global_batch(case, runs, corpus, tmp_path):
     """Bitwise equal to one process accumulating N micro-batches of b rows: each rank's gradient
     is its b rows' mean, the hook halves it (exact: N = 2) and gloo adds the two halves, which is
     what accumulating loss/2 of each half computes; the loss is (l0 + l1) / 2 = l0/2 + l1/2
@@ -31,17 +32,18 @@ def test_dp_equals_one_process_on_the_same_global_batch(runs, corpus, tmp_path):
     each coordinate by its own sqrt(v), so on a coordinate whose gradient is itself
     round-off-sized a few ulps can move the update by a fraction of lr; 1e-13 is 2e-10 of one
     warm-up step (lr_at(0) = 5e-4); measured 1.2e-15. Planted fault this catches: the comm hook
-    summing without dividing by N (every gradient doubled)."""
+    summing without dividing by N (every gradient doubled). Under Muon (`dp_muon`) the same holds:
+    it updates each matrix from its own gradient alone."""
     d, got = runs
-    cfg = H.e2e_cfg("dp")
-    outcomes = [got["dp"][r] for r in range(N)]
+    cfg = H.e2e_cfg(case)
+    outcomes = [got[case][r] for r in range(N)]
     w0, w1 = H.weights(outcomes[0]), H.weights(outcomes[1])
     assert w0.keys() == w1.keys() and all(torch.equal(w0[n], w1[n]) for n in w0)  # every replica the same weights
     res, ranks = outcomes[0]["result"], [o["rank"] for o in outcomes]
     assert res.status == "complete" and res.steps == STEPS and len(res.loss_curve) == cfg.train.curve_points
     assert ranks[1]["final_loss"] is None and ranks[1]["points"] == []  # rank 0 reports and evaluates
 
-    mine = torch.load(d / "dp.pt", weights_only=True)["model"]
+    mine = torch.load(d / f"{case}.pt", weights_only=True)["model"]
     want, loss, final = H.micro_batched(cfg, corpus, STEPS, N)
     assert mine.keys() == want.keys()
     for name in want:

@@ -21,12 +21,14 @@ def steps_cfg(**kw):
                                  "model.dropout": 0.1, **kw})
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
-def test_train_resumed_after_a_signal_ends_like_an_uninterrupted_run(tmp_path, sig):
-    """Ctrl-C or a scheduler's SIGTERM. Planted faults this catches: the first signal stopping
+@pytest.mark.parametrize("sig,optimizer", [(signal.SIGINT, "adamw"), (signal.SIGTERM, "adamw"),
+                                           (signal.SIGINT, "muon")], ids=["SIGINT", "SIGTERM", "muon"])
+def test_train_resumed_after_a_signal_ends_like_an_uninterrupted_run(tmp_path, sig, optimizer):
+    """Ctrl-C or a scheduler's SIGTERM, under AdamW or Muon. Planted faults this catches: Muon's
+    momentum left out of the checkpoint (another checkpoint id); the first signal stopping
     mid-step (a checkpoint of half a step) or not at all (SIGTERM's default: the test run ends); the loader, RNG or loop state left out of the checkpoint (another
     curve); a checkpoint that needs more than plain data to load."""
-    cfg = steps_cfg()
+    cfg = steps_cfg(**{"train.optimizer": optimizer})
     whole = train_run(cfg, tmp_path / "whole", progress=False)
 
     def send(e):  # the real thing: the loop stops between steps

@@ -27,7 +27,7 @@ def _lay(case: str):
     return layout(H.e2e_cfg(case), "e2e", C.parse_placement(H.E2E_CASES[case][0]), 2)
 
 
-@pytest.mark.parametrize("schedule", SCHEDULES)
+@pytest.mark.parametrize("schedule", [*SCHEDULES, "muon"])
 def test_e2e_on_a_schedule_trains_what_one_process_trains(schedule, runs, corpus):
     """Weights torch.equal to one process doing the same micro-batched steps: the same kernels
     (one thread each), the same order of gradient accumulation (micro-batch order on every

@@ -1,7 +1,8 @@
 """seams.stages: an arm's segment chain on the `single` placement and on 2 `stages` ranks (gloo,
 CPU, tiny preset, a seam after every block: each rank holds two segments). On stages the chain
 trains what one process trains, bit for bit, for local under every objective a stage can hold
-and for delayed with and without weight stashing (at d=0: e2e); its traffic is the analytic
+and for delayed with and without weight stashing (at d=0: e2e) and with PipeMare's LR
+rescheduling, under AdamW and under Muon; its traffic is the analytic
 traffic, control messages count apart, bytes count at the wire dtype, and a failing rank ends
 the arm naming itself. On one process, an arm stopped and resumed ends as one never stopped.
 
@@ -35,6 +36,11 @@ CASES = {
     "current": ("delayed", {"seams.delay": 1, "seams.weight_stashing": False, "seams.local_weight": 0.5}, None),
     "d2": ("delayed", {"seams.delay": 2, "seams.weight_stashing": True, "seams.local_weight": 0.0}, None),
     "d0": ("delayed", {"seams.delay": 0, "seams.local_weight": 0.0}, None),
+    "muon_stash": ("delayed", {"seams.delay": 1, "seams.weight_stashing": True, "seams.local_weight": 0.5,
+                               "train.optimizer": "muon"}, None),
+    "muon_local": ("local", {"seams.objective": "aux_head", "train.optimizer": "muon"}, None),
+    "pipemare": ("delayed", {"seams.delay": 1, "seams.weight_stashing": True, "seams.local_weight": 0.0,
+                             "seams.lr_delay_steps": 4}, None),
     "slow": ("local", {}, "0:*:slow:local"),  # rank 0 SLOW_S slower every step
     "nan_local": ("local", {"train.max_steps": 100}, "1:2:nan:local"),
     "nan_delayed1": ("delayed", {"train.max_steps": 100}, "1:2:nan:delayed"),
@@ -107,7 +113,7 @@ def _ranks(runs, case) -> list[dict]:
 
 # ----------------------------------------------------------------------------- same numbers as one process
 
-@pytest.mark.parametrize("case", ["aux_head", "aux_block", "own_head"])
+@pytest.mark.parametrize("case", ["aux_head", "aux_block", "own_head", "muon_local"])
 def test_local_on_stages_trains_what_one_process_trains(case, runs, corpus, tmp_path):
     """seams.seams=all on 2 stages under every objective whose module a stage can hold: every GPT
     tensor and every segment's private module torch.equal to the one-process local arm's after
@@ -118,7 +124,7 @@ def test_local_on_stages_trains_what_one_process_trains(case, runs, corpus, tmp_
     ranks = _ranks(runs, case)
     assert [r["segments"] for r in ranks] == [[[0], [1]], [[2], [3]]]
     assert [sorted(r["step"]["heads"]) for r in ckpt["extra"]["ranks"]] == [["0", "1"], ["2"]]
-    assert res.objective == case and ckpt["extra"]["world"] == 2 and ckpt["optimizer"] is None
+    assert res.objective == cfg_of(case).seams.objective and ckpt["extra"]["world"] == 2 and ckpt["optimizer"] is None
     cfg = cfg_of(case)
     start = Chain(cfg, "local", arm_segments(cfg, "local"), range(4), torch.device("cpu"), corpus).heads
     heads = _heads(ckpt)
@@ -138,7 +144,7 @@ def test_local_with_one_seam_holds_one_segment_a_rank(runs, corpus, tmp_path):
     assert [r["boundary"] for r in m["per_boundary"]] == [0] and m["agrees"] and m["sent_equals_received"]
 
 
-@pytest.mark.parametrize("case", ["stash", "current", "d2"])
+@pytest.mark.parametrize("case", ["stash", "current", "d2", "muon_stash", "pipemare"])
 def test_delayed_on_stages_trains_what_one_process_trains(case, runs, corpus, tmp_path):
     """2 ranks, 4 segments, delay d: every GPT weight and every aux head equal the one-process
     delayed arm's after STEPS steps, and so do every segment's training loss at every curve point

@@ -326,3 +326,12 @@ def test_grid_devices_are_what_the_cli_takes(text, four_cores, tmp_path):
     assert point["id"] == f"devices={text}__seed=0"
     assert point["parameters"]["devices"] == want and point["expect"]["seams.devices"] == want
     assert P.labels(point, "tiny")["seams.devices"] == (f"devices={text}", want)  # what its report must show
+
+
+def test_the_optimizer_and_the_delay_correction_are_grid_keys(tmp_path):
+    """train.optimizer and seams.lr_delay_steps sweep like any config key, each point expecting its
+    values in its report. Planted fault this catches: either refused as no config key."""
+    plan = P.make_plan("seams", {"train.optimizer": ["adamw", "muon"], "seams.lr_delay_steps": [0, 50]},
+                       tmp_path / "s", preset="tiny", overrides={"seams.arms": "e2e,local,delayed"})
+    assert [(p["expect"]["train.optimizer"], p["expect"]["seams.lr_delay_steps"]) for p in plan["points"]] == \
+        [("adamw", 0), ("adamw", 50), ("muon", 0), ("muon", 50)]
