@@ -67,7 +67,6 @@ PRELOAD = ["seamkit.seams.processes", "seamkit.seams.schedules", "seamkit.seams.
 DIST_PREFIX = "seamkit-dist"  # how `temp_dir` names its folders
 _TEMP = {"dir": None}
 SOCKET_PATH_MAX = 107  # a Unix socket's path, at most (Linux)
-SOCKET_ROOM = 80  # what `temp_dir` and multiprocessing add below the temporary directory, at most
 COMM_ERRORS = ("Connection closed by peer", "Connection reset", "Broken pipe", "Timed out", "timed out",
                "DistNetworkError", "DistBackendError", "ECONNRESET", "connection closed")
 
@@ -248,11 +247,13 @@ def temp_dir() -> str:
     (`remove_orphans`)."""
     if _TEMP["dir"] is None or not os.path.isdir(_TEMP["dir"]):
         remove_orphans()
-        if len(tempfile.gettempdir()) + SOCKET_ROOM > SOCKET_PATH_MAX:  # the socket would not fit: multiprocessing's own
+        prefix = temp_prefix(Path(DIST_PREFIX))[1:]
+        socket = os.path.join(tempfile.gettempdir(), prefix + "x" * 8, "pymp-" + "x" * 8, "listener-" + "x" * 8)
+        if len(socket) > SOCKET_PATH_MAX:  # the fork server's socket would not fit: multiprocessing's own folder
             from multiprocessing import util
             _TEMP["dir"] = util.get_temp_dir()
             return _TEMP["dir"]
-        own = tempfile.mkdtemp(prefix=temp_prefix(Path(DIST_PREFIX))[1:])
+        own = tempfile.mkdtemp(prefix=prefix)
         saved, tempfile.tempdir = tempfile.tempdir, own
         try:
             from multiprocessing import util
