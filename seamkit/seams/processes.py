@@ -91,8 +91,10 @@ def run_arms(specs: dict[str, ArmSpec], callback: Callable[[dict], None] | None 
                 handle(events.get(timeout=0.2))
             except queue.Empty:
                 dead = [a for a, g in groups.items() if g.failed() and a not in done]
-                if dead and interrupted:  # ranks the signal reached before they could stop between steps
-                    done.update(dead)
+                if dead and interrupted:  # ranks the signal reached before they could stop between steps:
+                    done.update(dead)  # their peers cannot finish a step without them
+                    for a in dead:
+                        groups[a].stop()
                 elif dead:
                     time.sleep(0.2)  # let a rank that failed first say why
                     _drain(events, handle)
