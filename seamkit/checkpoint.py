@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from seamkit.config import ConfigError, RunConfig, SeamkitError, from_dict, override
-from seamkit.report import atomic_file, temp_prefix
+from seamkit.report import atomic_file, host_name
 
 FORMAT = 2  # 2: plain data only, loaded with weights_only=True (1 pickled numpy arrays)
 
@@ -91,18 +91,20 @@ def remove_stale_temporaries(path) -> list[Path]:
     on this machine, is gone. A live writer's (two runs writing one folder), another machine's,
     and other paths' temporaries stay. Returns the paths removed."""
     path = Path(path)
-    if not path.parent.is_dir():
-        return []
-    head = f".{path.name}."
-    host = temp_prefix(path)[len(head):].split("@", 1)[1]  # '<host>.': only this machine's pids can be asked
-    pattern = re.compile(rf"{re.escape(head)}(\d+)@{re.escape(host)}[a-z0-9_]+\.tmp")
-    removed = []
-    for tmp in path.parent.glob(f"{glob.escape(head)}*.tmp"):
-        m = pattern.fullmatch(tmp.name)
-        if m and not alive(int(m.group(1))):
-            tmp.unlink(missing_ok=True)
-            removed.append(tmp)
+    removed = left_by_dead(path.parent, f".{path.name}.", ".tmp")
+    for tmp in removed:
+        tmp.unlink(missing_ok=True)
     return removed
+
+
+def left_by_dead(folder: Path, head: str, tail: str = "") -> list[Path]:
+    """The entries of `folder` named `<head><pid>@<this host>.<random><tail>` (`report.writer`)
+    whose process, on this machine, is gone: only this machine's pids can be asked."""
+    if not folder.is_dir():
+        return []
+    pattern = re.compile(rf"{re.escape(head)}(\d+)@{re.escape(host_name())}\.[a-z0-9_]+{re.escape(tail)}")
+    return [p for p in folder.glob(f"{glob.escape(head)}*{tail}")
+            if (m := pattern.fullmatch(p.name)) and not alive(int(m.group(1)))]
 
 
 def alive(pid: int) -> bool:

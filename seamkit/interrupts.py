@@ -9,7 +9,7 @@ ignored; a scheduler ends a job with SIGTERM). `Interrupts` is what its phases p
   boundary, so the checkpoint they leave can be resumed;
 - a phase with nothing to keep (loading, checks, measuring costs, evaluating: `urgent=True`)
   is abandoned at once: the first signal raises KeyboardInterrupt there;
-- writing state is never torn: the phase `saving` only notes the signal;
+- writing state is never torn: the phase `saving` (`urgent=False` too) only notes the signal;
 - a second signal more than a second after the first always raises KeyboardInterrupt (a
   terminal can deliver one Ctrl-C twice within milliseconds: those count as one).
 
@@ -48,7 +48,7 @@ class Interrupts:
     def enter(self, phase: str, urgent: bool = True) -> None:
         """The run is now in `phase`; a signal already noted interrupts an urgent one at once."""
         self.phase, self.urgent = phase, urgent
-        if urgent and self.got is not None and phase != "saving":
+        if urgent and self.got is not None:
             self.interrupted_in = self.interrupted_in or phase
             raise KeyboardInterrupt
 
@@ -57,7 +57,7 @@ class Interrupts:
         if self.got is None:
             self.got, self.at = signum, now
             self.interrupted_in = self.phase
-            if self.urgent and self.phase != "saving":
+            if self.urgent:
                 raise KeyboardInterrupt
         elif now - self.at > 1.0:
             raise KeyboardInterrupt

@@ -16,16 +16,11 @@ import sys
 from pathlib import Path
 
 from seamkit.config import SeamkitError
-from seamkit.report import temp_prefix
+from seamkit.report import writer
 
 
 class LockError(SeamkitError):
     """Another live run holds the output; one line naming it."""
-
-
-def holder_name() -> str:
-    """This process as `pid@host`, the way atomic writes name their temporaries."""
-    return temp_prefix(Path("x"))[len(".x."):-1]
 
 
 def _open_locked(path: Path, what: str) -> int:
@@ -63,7 +58,7 @@ def held(path, what: str):
             print(f"seamkit: taking over {what}: its lock was left by {left}, which is no longer running",
                   file=sys.stderr, flush=True)
         os.ftruncate(fd, 0)
-        os.pwrite(fd, holder_name().encode(), 0)
+        os.pwrite(fd, writer().encode(), 0)
         os.fsync(fd)
         yield path
     finally:

@@ -133,11 +133,20 @@ def _json_default(o):
     raise TypeError(f"not JSON serializable: {type(o).__name__}")
 
 
+def host_name() -> str:
+    """This machine's name as files name it: letters, digits and dashes."""
+    return "".join(c if c.isalnum() or c == "-" else "-" for c in platform.node()) or "-"
+
+
+def writer() -> str:
+    """This process as files and locks name it: `<pid>@<host>`."""
+    return f"{os.getpid()}@{host_name()}"
+
+
 def temp_prefix(path: Path) -> str:
     """How an atomic write's temporary file for `path` is named: `.<name>.<pid>@<host>.`, so a
-    later run can tell the leftovers of a writer that is gone (`checkpoint.remove_stale_temporaries`)."""
-    host = "".join(c if c.isalnum() or c == "-" else "-" for c in platform.node()) or "-"
-    return f".{path.name}.{os.getpid()}@{host}."
+    later run can tell the leftovers of a writer that is gone (`checkpoint.left_by_dead`)."""
+    return f".{path.name}.{writer()}."
 
 
 @contextlib.contextmanager

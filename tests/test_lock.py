@@ -7,7 +7,8 @@ import os
 import pytest
 
 from seamkit import cli
-from seamkit.lock import LockError, held, holder_name
+from seamkit.lock import LockError, held
+from seamkit.report import writer
 from seamkit.seams import resume as R
 from seamkit.seams.study import lock_path
 
@@ -16,8 +17,8 @@ def test_a_held_lock_refuses_a_second_holder_and_goes_when_released(tmp_path):
     """Planted fault this catches: no kernel lock taken (the second `held` enters as well)."""
     path = tmp_path / "out" / ".lock"
     with held(path, "study out"):
-        assert path.read_text() == holder_name() == f"{os.getpid()}@{holder_name().split('@')[1]}"
-        with pytest.raises(LockError, match=rf"^study out is in use by {holder_name()} \(lock {path}\)"):
+        assert path.read_text() == writer() == f"{os.getpid()}@{writer().split('@')[1]}"
+        with pytest.raises(LockError, match=rf"^study out is in use by {writer()} \(lock {path}\)"):
             with held(path, "study out"):
                 pass
     assert not path.exists()
@@ -31,7 +32,7 @@ def test_a_lock_left_by_a_dead_holder_is_taken_over_with_a_line(tmp_path, capsys
     path = tmp_path / ".lock"
     path.write_text("4194303@elsewhere")
     with held(path, "run x"):
-        assert path.read_text() == holder_name()
+        assert path.read_text() == writer()
     assert "taking over run x: its lock was left by 4194303@elsewhere" in capsys.readouterr().err
 
 
@@ -57,7 +58,7 @@ def test_a_second_writer_of_a_study_gets_one_line_and_changes_nothing(tmp_path, 
     with held(lock_path(out), f"study {out}"):
         code = cli.main(argv + (["--resume", str(out)] if resume else ["--out", str(out)]))
     err = capsys.readouterr().err.strip()
-    assert code == 2 and err == (f"seamkit seams: error: study {out} is in use by {holder_name()} "
+    assert code == 2 and err == (f"seamkit seams: error: study {out} is in use by {writer()} "
                                  f"(lock {lock_path(out)}); wait for it to end, or write elsewhere")
     assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
 
@@ -67,6 +68,6 @@ def test_a_second_writer_of_a_train_run_gets_one_line(tmp_path, capsys):
     out = tmp_path / "run"
     with held(out / ".lock", f"run {out}"):
         code = cli.main(["train", "--preset", "tiny", "--budget", "1", "--out", str(out)])
-    assert code == 2 and f"run {out} is in use by {holder_name()}" in capsys.readouterr().err
+    assert code == 2 and f"run {out} is in use by {writer()}" in capsys.readouterr().err
     assert not (out / "checkpoint.pt").exists()
 

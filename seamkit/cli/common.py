@@ -33,16 +33,11 @@ def common_flags(p: argparse.ArgumentParser, preset: str = "cpu") -> None:
 
 
 def devices_flag(text: str) -> int:
-    """--devices: a count, or auto (0)."""
-    if text.strip().lower() == "auto":
-        return 0
+    """--devices: a count, or auto (0); `config.parse_devices`, as argparse's type."""
     try:
-        n = int(text)
-    except ValueError:
-        n = -1
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive number of devices or auto, got {text!r}")
-    return n
+        return C.parse_devices(text)
+    except C.ConfigError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def build_config(args) -> C.RunConfig:

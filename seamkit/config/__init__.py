@@ -27,6 +27,7 @@ from seamkit.config.parse import (
     Placement,
     parse_arms,
     parse_choice,
+    parse_devices,
     parse_placement,
     parse_seams,
     segments,
@@ -56,5 +57,5 @@ __all__ = ["ARMS", "CALIBRATIONS", "ConfigError", "DTYPES", "DataConfig", "IN_FL
            "OBJECTIVES", "OPTIMIZERS", "ORDERS", "OneLineParser", "PIPELINE_SCHEDULES", "PRESETS", "Placement", "PruneConfig",
            "RENAMED", "Range", "RunConfig", "SeamkitError", "SeamsConfig", "TOKENIZERS", "TrainConfig", "check_fields",
            "check_policy", "cpu", "dotted_key", "dumps", "from_dict", "name_in", "override", "parse_arms",
-           "parse_choice", "parse_overrides", "parse_placement", "parse_seams", "preset", "ranged", "seed", "segments",
+           "parse_choice", "parse_devices", "parse_overrides", "parse_placement", "parse_seams", "preset", "ranged", "seed", "segments",
            "tiny", "tokenizer_vocab", "upgrade"]

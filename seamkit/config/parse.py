@@ -74,6 +74,23 @@ def segments(seams: list[int], n_blocks: int) -> list[list[int]]:
 
 
 @functools.lru_cache(maxsize=64)
+def parse_devices(value) -> int:
+    """A hardware budget as `seamkit seams --devices` and a sweep's `--grid devices` take it: a
+    positive count, or auto (0, which the config resolves to the free cores or every GPU)."""
+    if isinstance(value, str) and value.strip().lower() == "auto":
+        return 0
+    if isinstance(value, float):  # a whole float is its count, as the config takes it
+        n = int(value) if value.is_integer() else -1
+    else:
+        try:
+            n = -1 if isinstance(value, bool) else int(value)
+        except (TypeError, ValueError):
+            n = -1
+    if n < 1:
+        raise ConfigError(f"expected a positive number of devices or auto, got {value!r}")
+    return n
+
+
 def parse_arms(spec: str) -> tuple[str, ...]:
     """The arms `seams.arms` names, in ARMS order: distinct names from it, e2e and local among them."""
     names = tuple(n.strip() for n in str(spec).split(","))

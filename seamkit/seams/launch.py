@@ -37,7 +37,6 @@ import datetime
 import os
 import pickle
 import queue
-import re
 import select
 import shutil
 import signal
@@ -46,6 +45,7 @@ import tempfile
 import threading
 import time
 import traceback
+from multiprocessing import util as mp_util
 from pathlib import Path
 from typing import Callable
 
@@ -53,9 +53,9 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as tmp
 
-from seamkit.checkpoint import alive
+from seamkit.checkpoint import left_by_dead
 from seamkit.config import SeamkitError
-from seamkit.report import temp_prefix
+from seamkit.report import writer
 
 TIMEOUT_S = 120.0  # the process group's timeout
 START_ENV = "SEAMKIT_START_METHOD"  # forkserver (Linux's default) or spawn
@@ -241,26 +241,24 @@ def context():
 
 def temp_dir() -> str:
     """This process's folder for multiprocessing's files (the fork server's socket), made once:
-    `seamkit-dist-<pid>@<host>.<random>` in the temporary directory. multiprocessing removes what
+    `seamkit-dist.<pid>@<host>.<random>` in the temporary directory. multiprocessing removes what
     it put there when this process exits; a process killed outright (SIGKILL, an OOM kill) leaves
     it, and the next launcher on this machine removes every such folder whose process is gone
     (`remove_orphans`)."""
     if _TEMP["dir"] is None or not os.path.isdir(_TEMP["dir"]):
         remove_orphans()
-        prefix = temp_prefix(Path(DIST_PREFIX))[1:]
+        prefix = f"{DIST_PREFIX}.{writer()}."
         socket = os.path.join(tempfile.gettempdir(), prefix + "x" * 8, "pymp-" + "x" * 8, "listener-" + "x" * 8)
         if len(socket) > SOCKET_PATH_MAX:  # the fork server's socket would not fit: multiprocessing's own folder
-            from multiprocessing import util
-            _TEMP["dir"] = util.get_temp_dir()
+            _TEMP["dir"] = mp_util.get_temp_dir()
             return _TEMP["dir"]
         own = tempfile.mkdtemp(prefix=prefix)
         saved, tempfile.tempdir = tempfile.tempdir, own
         try:
-            from multiprocessing import util
-            util.get_temp_dir()  # made now, inside `own`, and kept for this process's life
+            mp_util.get_temp_dir()  # made now, inside `own`, and kept for this process's life
         finally:
             tempfile.tempdir = saved
-        util.Finalize(None, shutil.rmtree, (own, True), exitpriority=-101)  # after multiprocessing's own (-100)
+        mp_util.Finalize(None, shutil.rmtree, (own, True), exitpriority=-101)  # after multiprocessing's own (-100)
         _TEMP["dir"] = own
     return _TEMP["dir"]
 
@@ -268,16 +266,10 @@ def temp_dir() -> str:
 def remove_orphans(where: str | None = None) -> list[str]:
     """Remove the `temp_dir` folders in `where` (default: the temporary directory) whose process,
     on this machine, is gone; the paths removed."""
-    where = Path(where or tempfile.gettempdir())
-    host = temp_prefix(Path(DIST_PREFIX)).split("@", 1)[1]
-    pattern = re.compile(rf"{re.escape(DIST_PREFIX)}\.(\d+)@{re.escape(host)}[a-z0-9_]+")
-    removed = []
-    for d in where.glob(f"{DIST_PREFIX}.*"):
-        m = pattern.fullmatch(d.name)
-        if m and d.is_dir() and not alive(int(m.group(1))):
-            shutil.rmtree(d, ignore_errors=True)
-            removed.append(str(d))
-    return removed
+    removed = [d for d in left_by_dead(Path(where or tempfile.gettempdir()), f"{DIST_PREFIX}.") if d.is_dir()]
+    for d in removed:
+        shutil.rmtree(d, ignore_errors=True)
+    return [str(d) for d in removed]
 
 
 def _start_fork_server() -> None:

@@ -171,7 +171,7 @@ def _study(cfg: RunConfig, out_path: Path, callback, progress: bool, isolate: bo
             for paths in ckpts:
                 for path in paths.values():
                     path.unlink(missing_ok=True)
-        it.enter("saving")
+        it.enter("saving", urgent=False)
         R.save_study(out_path, cfg, kept, placed)
     try:
         corpus = load_corpus(cfg.data)  # fills the cache once; data errors surface here, before any write
@@ -183,7 +183,7 @@ def _study(cfg: RunConfig, out_path: Path, callback, progress: bool, isolate: bo
         if placed is None:
             it.enter("calibration", urgent=False)
             placed = choose_placements(cfg, devices, named, progress, stop=it)
-            it.enter("saving")
+            it.enter("saving", urgent=False)
             R.save_study(out_path, cfg, kept, placed)
         if not isolate and any(p != "single" for p in placed["chosen"].values()):
             raise ConfigError("a study whose arms run on several processes needs isolate=True")
@@ -196,7 +196,7 @@ def _study(cfg: RunConfig, out_path: Path, callback, progress: bool, isolate: bo
         interrupted = True
     if not begun:  # stopped while starting: still a study that --resume continues
         begin()
-    it.enter("saving")
+    it.enter("saving", urgent=False)
     report = study_report(cfg, runs, interrupted, isolate, costs, peak)
     report["placement"] = placed
     # its size in tokens; each arm's `epochs` says how often it was read
@@ -256,7 +256,7 @@ def _repeats(cfg: RunConfig, corpus, out_path: Path, ckpts: list[dict], kept: li
                 r.snapshots = None
             shutil.rmtree(snap_dir, ignore_errors=True)
         runs.append({"seed": seed, "results": results, "views": views, "finished": not interrupted})
-        it.enter("saving")
+        it.enter("saving", urgent=False)
         R.save_study(out_path, cfg, runs, placed)
         if interrupted:
             break

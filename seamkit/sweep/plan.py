@@ -271,14 +271,18 @@ def _check_grid_keys(grid: dict, study: str, params: list[str], overrides: dict,
         owner[ck] = key
     # devices as `seamkit seams --devices` takes them, so a count's label is the count it runs (0 would run auto)
     key = owner.get(DEVICES)
-    zero = next((v for v in grid[key] if type(v) is int and v < 1), None) if key else None
-    if zero is not None:
-        raise SweepError(f"--grid {key}: expected a positive number of devices or auto, got {zero}")
+    for value in grid[key] if key else []:
+        if type(value) is int:  # a count; any other value is the config's to refuse, point by point
+            try:
+                C.parse_devices(value)
+            except C.ConfigError as e:
+                raise SweepError(f"--grid {key}: {e}") from None
 
 
 def _grid_setting(key: str | None, value):
     """A grid value as its config key `key` takes it: `auto` devices are seams.devices=0."""
-    return 0 if key == DEVICES and isinstance(value, str) and value.strip().lower() == "auto" else value
+    auto = key == DEVICES and isinstance(value, str) and value.strip().lower() == "auto"
+    return C.parse_devices(value) if auto else value
 
 
 def study_checks(study: str, cfg: C.RunConfig) -> None:

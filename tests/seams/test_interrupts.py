@@ -19,6 +19,7 @@ import pytest
 
 from seamkit import config as C
 from seamkit.cli.common import exit_code
+from seamkit.report import host_name
 from seamkit.seams import launch as L
 from seamkit.seams import resume as R
 from seamkit.seams import study as S
@@ -132,7 +133,7 @@ def test_orphaned_launcher_folders_go_and_live_ones_stay(tmp_path):
     """A launcher killed outright leaves its `seamkit-dist-*` folder (multiprocessing's files);
     the next one removes those whose process is gone on this machine. Planted fault this catches:
     every such folder removed (a live launcher's socket with it)."""
-    host = L.temp_prefix(Path(L.DIST_PREFIX)).split("@", 1)[1]
+    host = host_name() + "."
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
     gone = tmp_path / f"{L.DIST_PREFIX}.{dead.pid}@{host}k3x9q_2a"
