@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from seamkit.config import ConfigError, RunConfig, SeamkitError, from_dict, override
+from seamkit.config import ConfigError, RunConfig, SeamkitError, from_dict, override, tokenizer_sha256
 from seamkit.report import atomic_file, host_name
 
 FORMAT = 2  # 2: plain data only, loaded with weights_only=True (1 pickled numpy arrays)
@@ -131,7 +131,8 @@ def save(path, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, 
     opt_state = optimizer.state_dict() if optimizer is not None else None
     ckpt_id = tensor_id(model_state, opt_state)
     atomic_torch_save({
-        "format": FORMAT, "id": ckpt_id, "config": cfg.to_dict(), "step": step,
+        "format": FORMAT, "id": ckpt_id, "config": cfg.to_dict(), "tokenizer_sha256": tokenizer_sha256(cfg.data.tokenizer),
+        "step": step,
         "model": model_state, "optimizer": opt_state, "data": data_state or {},
         "rng": rng_state(), "extra": extra or {},
     }, path)

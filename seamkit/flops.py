@@ -2,9 +2,10 @@
 
 - FLOPs are counted, not assumed: `count_flops` runs a callable under
   `torch.utils.flop_counter.FlopCounterMode` (a matmul of (m, k) by (k, n) counts 2*m*n*k;
-  attention as its GEMMs, dense, whatever the mask hides), with formulas added for the CPU
-  flash-attention kernels, which flop_counter leaves uncounted. `measured_flops` is the
-  forward + backward of a loss.
+  attention as its GEMMs, dense, whatever the mask hides; under grouped-query attention, scores
+  for every query head), with formulas added for the CPU flash-attention kernels, which
+  flop_counter leaves uncounted. The model's options (swiglu, kv_heads) change only the GEMMs'
+  shapes, which the counter reads. `measured_flops` is the forward + backward of a loss.
 - The peak is measured, on this machine and in the same run: the best FLOP/s of a square matmul
   (`matmul_peak`, bf16 on CUDA, float32 elsewhere). `spec_peak` is a GPU's data-sheet dense
   bf16 rate, for a second denominator beside it.

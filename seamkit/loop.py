@@ -19,6 +19,9 @@ Callback events (`callback(event: dict)`, called off the clock):
       fraction = share of the budget (or of max_steps) used
   {"kind": "end", "arm", "status", "result"}
       after evaluation and the checkpoint; result is the arm's ArmResult (`seams.arm.run_arm`)
+  {"kind": "held_out", "arm", "step", "tokens", "loss", "stderr"}
+      the seams study's held-out loss of the arm's weights after `step` steps, one per
+      equal-token mark, once the repeat's arms have all ended (`seams.study.held_out_views`)
 """
 
 from __future__ import annotations

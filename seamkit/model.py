@@ -5,6 +5,12 @@ RoPE and no learned position table, pre-norm blocks with weight-only RMSNorm, qk
 output projections with bias, a GELU MLP dim -> mlp_mult*dim -> dim with bias, and a final
 weight-only RMSNorm. Parameters: 2*vocab*dim + n_blocks*(12*dim^2 + 11*dim) + dim.
 
+Options give a Llama-shaped block (docs/extending.md, "Models"): `model.mlp=swiglu`
+(w2(silu(w1 x) * w3 x), w1 and w3 stacked in one `fc`, hidden width `model.mlp_hidden`),
+`model.kv_heads` (grouped-query attention: fewer key/value heads, each shared by
+n_heads/kv_heads query heads, as Llama's repeat_kv) and `model.bias=false`. `param_counts`
+gives the count of every combination.
+
 Blocks are a plain `nn.ModuleList` so a seam can cut between any two (seams.cuts), and the
 pieces of a block are attributes so the pruned steps (pruning.rules, pruning.bitwise) can run
 them on subsets of positions. Two attention forms:
@@ -28,11 +34,17 @@ IGNORE = -100  # target id that is not scored
 
 
 def param_counts(cfg: ModelConfig) -> dict:
-    """Closed-form parameter counts (the reference README's formula)."""
-    embed = 2 * cfg.vocab * cfg.dim
-    block = 2 * cfg.dim + (3 * cfg.dim * cfg.dim + 3 * cfg.dim) + (cfg.dim * cfg.dim + cfg.dim) \
-        + (cfg.mlp_mult * cfg.dim * cfg.dim + cfg.mlp_mult * cfg.dim) + (cfg.mlp_mult * cfg.dim * cfg.dim + cfg.dim)
-    total = embed + cfg.n_blocks * block + cfg.dim
+    """Closed-form parameter counts; the seed GPT's is the reference README's formula.
+
+    A block: two norms (2C), qkv C -> C + 2K and proj C -> C (K = kv_heads*head_dim), fc C -> F
+    and proj M -> C (M the hidden width, F = M for gelu, 2M for swiglu), each linear with a bias
+    of its output width where model.bias."""
+    C, M, b = cfg.dim, cfg.mlp_width, int(cfg.bias)
+    qkv = C + 2 * cfg.n_kv_heads * (C // cfg.n_heads)
+    fc = 2 * M if cfg.mlp == "swiglu" else M
+    embed = 2 * cfg.vocab * C
+    block = 2 * C + (C * qkv + b * qkv) + (C * C + b * C) + (C * fc + b * fc) + (M * C + b * C)
+    total = embed + cfg.n_blocks * block + C
     return {"params": total, "params_non_embed": total - embed}
 
 
@@ -69,22 +81,38 @@ def doc_causal_mask(doc_BT: torch.Tensor) -> torch.Tensor:
 
 
 class Attention(nn.Module):
+    """Causal self-attention with RoPE; with model.kv_heads < n_heads, grouped-query attention.
+
+    One fused projection `qkv` gives the queries (dim columns), then keys and values
+    (kv_heads*head_dim columns each): `split` cuts them apart. Query head h reads key/value
+    head h // (n_heads/kv_heads), as Llama's repeat_kv and SDPA's enable_gqa pair them; SDPA
+    does the grouping itself (its CPU flash kernel without copying the keys and values).
+    """
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.n_heads, self.head_dim = cfg.n_heads, cfg.dim // cfg.n_heads
-        self.qkv = nn.Linear(cfg.dim, 3 * cfg.dim, bias=True)
-        self.proj = nn.Linear(cfg.dim, cfg.dim, bias=True)
+        self.n_heads, self.head_dim, self.kv_heads = cfg.n_heads, cfg.dim // cfg.n_heads, cfg.n_kv_heads
+        kv = self.kv_heads * self.head_dim
+        self.sizes = (cfg.dim, kv, kv)  # the qkv projection's query, key and value columns
+        self.qkv = nn.Linear(cfg.dim, cfg.dim + 2 * kv, bias=cfg.bias)
+        self.proj = nn.Linear(cfg.dim, cfg.dim, bias=cfg.bias)
         self.dropout = cfg.dropout
 
+    def split(self, qkv_BTF: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q (B, T, dim), k and v (B, T, kv_heads*head_dim) from the qkv projection's output."""
+        return qkv_BTF.split(self.sizes, dim=-1)
+
     def heads(self, x_BTC: torch.Tensor) -> torch.Tensor:
-        B, T, _ = x_BTC.shape
-        return x_BTC.view(B, T, self.n_heads, self.head_dim).transpose(1, 2)
+        """(B, T, heads*head_dim) -> (B, heads, T, head_dim); queries or keys/values alike."""
+        B, T, C = x_BTC.shape
+        return x_BTC.view(B, T, C // self.head_dim, self.head_dim).transpose(1, 2)
 
     def attend(self, q, k, v, ctx: AttnContext, q_rows: torch.Tensor | None = None) -> torch.Tensor:
-        """q (B,H,Tq,D) already rotated; k, v (B,H,T,D). q_rows selects mask rows when Tq < T."""
+        """q (B,H,Tq,D) already rotated; k, v (B,KV,T,D). q_rows selects mask rows when Tq < T."""
         p = self.dropout if self.training else 0.0
+        gqa = k.shape[1] != q.shape[1]
         if ctx.mask is None and q_rows is None:
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=p)
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=p, enable_gqa=gqa)
         else:
             mask = ctx.mask
             if mask is None:
@@ -92,12 +120,12 @@ class Attention(nn.Module):
                 mask = torch.ones(T, T, dtype=torch.bool, device=k.device).tril()[None, None]
             if q_rows is not None:
                 mask = mask[:, :, q_rows]
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, enable_gqa=gqa)
         B, H, Tq, D = y.shape
         return y.transpose(1, 2).reshape(B, Tq, H * D)
 
     def forward(self, x_BTC: torch.Tensor, ctx: AttnContext) -> torch.Tensor:
-        q, k, v = self.qkv(x_BTC).chunk(3, dim=-1)
+        q, k, v = self.split(self.qkv(x_BTC))
         q = apply_rope(self.heads(q), ctx.cos, ctx.sin)
         k = apply_rope(self.heads(k), ctx.cos, ctx.sin)
         y = self.attend(q, k, self.heads(v), ctx)
@@ -105,14 +133,26 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
+    """proj(act(fc x)). gelu: fc dim -> M, act GELU. swiglu: fc dim -> 2M holds Llama's w1 (the
+    gate, first M rows) and w3 (second M rows), act(h) = silu(h_gate) * h_up, proj is w2."""
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.fc = nn.Linear(cfg.dim, cfg.mlp_mult * cfg.dim, bias=True)
-        self.proj = nn.Linear(cfg.mlp_mult * cfg.dim, cfg.dim, bias=True)
+        self.swiglu = cfg.mlp == "swiglu"
+        M = cfg.mlp_width
+        self.fc = nn.Linear(cfg.dim, 2 * M if self.swiglu else M, bias=cfg.bias)
+        self.proj = nn.Linear(M, cfg.dim, bias=cfg.bias)
         self.dropout = cfg.dropout
 
+    def act(self, h: torch.Tensor) -> torch.Tensor:
+        """The hidden activation from fc's output, row by row (the pruned steps call it on row subsets)."""
+        if self.swiglu:
+            gate, up = h.chunk(2, dim=-1)
+            return F.silu(gate) * up
+        return F.gelu(h)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.dropout(self.proj(F.gelu(self.fc(x))), self.dropout, self.training)
+        return F.dropout(self.proj(self.act(self.fc(x))), self.dropout, self.training)
 
 
 class Block(nn.Module):

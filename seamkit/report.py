@@ -34,6 +34,8 @@ _ARM = {
     "final_loss": OPT_NUM, "final_ppl": OPT_NUM, "peak_vram_bytes": (int, type(None)), "loss_curve": [NUM],
 }
 SEAMS_SCHEMA = {
+    # the reference's keys; a report adds the block's shape beside them (mlp, mlp_hidden, kv_heads,
+    # bias: seams.report), extra keys the reference report has not, so they are not required here
     "config": {"vocab": int, "dim": int, "n_blocks": int, "n_heads": int, "seq": int, "mlp_mult": int},
     "batch": int,
     "budget_seconds": NUM,
@@ -229,14 +231,23 @@ def write_report(path, report: dict, kind: str | None = None) -> Path:
     return Path(path)
 
 
-def load_report(path, kind: str | None = None) -> dict:
+def read_json(path):
+    """The JSON object a report file holds; a ReportError in one line for a missing, unreadable or
+    malformed file."""
     path = Path(path)
     try:
-        report = json.loads(path.read_text())
+        return json.loads(path.read_text())
     except FileNotFoundError:
         raise ReportError(f"report {path} does not exist") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ReportError(f"report {path} is not valid JSON ({e})") from None
+    except OSError as e:
+        raise ReportError(f"cannot read {path}: {e.strerror or e}") from None
+
+
+def load_report(path, kind: str | None = None) -> dict:
+    path = Path(path)
+    report = read_json(path)
     try:
         validate(report, kind)
     except ReportError as e:

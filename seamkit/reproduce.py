@@ -3,7 +3,9 @@
 Runs notebooks/01_seams.ipynb, then notebooks/02_pruning.ipynb on the e2e checkpoint the first
 one left, both with `interactive=False`. The out directory then holds the executed notebooks,
 both JSON reports (written atomically by the studies themselves), the checkpoints, and
-standalone HTML figures in figures/ with plotly.min.js beside them, so they open offline.
+standalone HTML figures in figures/ with plotly.min.js beside them, so they open offline, and a
+PNG of each beside it where a browser can draw them (`seamkit.figures`; one line says why not
+otherwise, and the run goes on).
 
 A failing notebook stops the run with one SeamkitError line naming the notebook, the cell and
 the error; the executed notebook keeps the full traceback, and a report written before the
@@ -156,7 +158,8 @@ def reproduce(preset: str = "cpu", out_dir=Path("reports"), overrides: dict | No
     seams = load_report(seams_path, "seams")
     if seams.get("status", "complete") != "complete":
         raise SeamkitError(f"{seams_path}: the seams study ended {seams['status']}; not running the pruning study")
-    figures = write_figures(seams_figures(seams), out_dir / "figures", "seams_")
+    seams_figs = seams_figures(seams)
+    figures = write_figures(seams_figs, out_dir / "figures", "seams_")
 
     ckpt = checkpoint_path(seams_path, "e2e")
     say(f"[2/2] {notebooks / PRUNING_NB} on {ckpt}")
@@ -166,30 +169,49 @@ def reproduce(preset: str = "cpu", out_dir=Path("reports"), overrides: dict | No
     seconds["pruning"] = time.perf_counter() - t
     pruning_path = out_dir / "pruning.json"
     pruning = load_report(pruning_path, "pruning")
-    figures += write_figures(pruning_figures(pruning), out_dir / "figures", "pruning_")
+    pruning_figs = pruning_figures(pruning)
+    figures += write_figures(pruning_figs, out_dir / "figures", "pruning_")
+    t = time.perf_counter()
+    pngs, skipped = write_pngs({**{f"seams_{k}": f for k, f in seams_figs.items()},
+                                **{f"pruning_{k}": f for k, f in pruning_figs.items()}}, out_dir / "figures")
+    seconds["png"] = time.perf_counter() - t
     seconds["total"] = time.perf_counter() - t0
 
     return _summary(preset, out_dir, seconds, (seams_path, seams, seams_nb), (pruning_path, pruning, pruning_nb),
-                    ckpt, figures)
+                    ckpt, figures, (pngs, skipped))
+
+
+def write_pngs(figures: dict, out_dir) -> tuple[list[Path], str | None]:
+    """(paths, None): each figure as out_dir/<name>.png, drawn in one browser session; ([], why)
+    without kaleido or a browser, or when drawing fails: the HTML figures stand alone."""
+    from seamkit.figures import FiguresError, write_images
+    try:
+        return write_images(figures, out_dir, ("png",)), None
+    except FiguresError as e:
+        return [], str(e)
 
 
 def _summary(preset: str, out_dir: Path, seconds: dict, seams: tuple, pruning: tuple, ckpt: Path,
-             figures: list[Path]) -> Summary:
-    """What `reproduce` wrote; `seams` and `pruning`: each study's (report path, report, executed notebook)."""
+             figures: list[Path], static: tuple[list[Path], str | None]) -> Summary:
+    """What `reproduce` wrote; `seams` and `pruning`: each study's (report path, report, executed notebook);
+    `static`: `write_pngs`'s (PNG paths, why none)."""
     from seamkit.pruning.report import summary_table as pruning_table
     from seamkit.seams.report import summary_table as seams_table
     (seams_path, seams_rep, seams_nb), (pruning_path, pruning_rep, pruning_nb) = seams, pruning
+    pngs, skipped = static
     text = "\n".join([
         f"seamkit reproduce (preset {preset}) finished in {seconds['total']:.0f} s "
-        f"(seams {seconds['seams']:.0f} s, pruning {seconds['pruning']:.0f} s)",
+        f"(seams {seconds['seams']:.0f} s, pruning {seconds['pruning']:.0f} s, PNGs {seconds['png']:.0f} s)",
         "", f"seams study: {seams_path}", seams_table(seams_rep),
         "", f"pruning study: {pruning_path}", pruning_table(pruning_rep),
         "", f"notebooks: {seams_nb}, {pruning_nb}",
-        f"figures: {out_dir / 'figures'}/ ({len(figures)} HTML files, open offline)",
+        f"figures: {out_dir / 'figures'}/ ({len(figures)} HTML files, open offline"
+        + (f"; PNGs skipped: {skipped})" if skipped else f"; {len(pngs)} PNGs beside them)"),
     ])
     return Summary(preset=preset, out_dir=str(out_dir), seams_report=str(seams_path),
                    pruning_report=str(pruning_path), checkpoint=str(ckpt),
                    notebooks=[str(seams_nb), str(pruning_nb)], figures=[str(p) for p in figures],
+                   pngs=[str(p) for p in pngs], pngs_skipped=skipped,
                    seconds={k: round(v, 1) for k, v in seconds.items()},
                    status={"seams": seams_rep.get("status", "complete"),
                            "pruning": pruning_rep.get("status", "complete")},

@@ -37,7 +37,8 @@ def cmd_info(args) -> int:
         return 0
     m = cfg.model
     print(f"preset {cfg.preset}: vocab {m.vocab}, dim {m.dim}, n_blocks {m.n_blocks}, n_heads {m.n_heads}, "
-          f"seq {m.seq}, mlp_mult {m.mlp_mult}, batch {cfg.data.batch}, tokenizer {cfg.data.tokenizer}")
+          f"kv_heads {m.n_kv_heads}, seq {m.seq}, mlp {m.mlp} {m.mlp_width} wide, bias {m.bias}, "
+          f"batch {cfg.data.batch}, tokenizer {cfg.data.tokenizer}")
     print(f"params {out['params']:,} (non-embedding {out['params_non_embed']:,})")
     print(f"seams after blocks {seams}")
     width = max(len(k) for k in b)

@@ -1,5 +1,5 @@
-"""The tool commands: `data prepare`, `data check`, `sweep` and `forecast`, each its flags beside
-the function that runs it."""
+"""The tool commands: `data prepare`, `data check`, `sweep`, `forecast` and `figures`, each its flags
+beside the function that runs it."""
 
 from __future__ import annotations
 
@@ -14,15 +14,21 @@ def add_data(sub) -> None:
     p = sub.add_parser("data", help="corpora: `data prepare` tokenizes text into memory-mapped token files, "
                                     "`data check` reads all of them")
     data_sub = p.add_subparsers(dest="data_command", required=True)
-    p = data_sub.add_parser("prepare", help="tokenize .txt/.jsonl(.gz)/.parquet files into token shards")
-    p.add_argument("--corpus", nargs="+", required=True, metavar="PATH",
-                   help="corpus files, or directories of them (taken in name order)")
-    p.add_argument("--tokenizer", default="qwen", choices=C.TOKENIZERS, help="tokenizer (default qwen)")
+    p = data_sub.add_parser("prepare", help="tokenize .txt/.jsonl(.gz)/.parquet files, or a datasets dataset on "
+                                            "disk, into token shards")
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--corpus", nargs="+", metavar="PATH",
+                        help="corpus files, or directories of them (taken in name order)")
+    source.add_argument("--hf", metavar="PATH[:SPLIT]", help="a Hugging Face datasets dataset: a folder save_to_disk "
+                        "wrote (SPLIT of a DatasetDict, default train) or of .parquet or .arrow files")
+    p.add_argument("--tokenizer", default="qwen", help="qwen (default), bytes, or hf:PATH[#EOD]: a tokenizer.json "
+                   "or a folder holding one, EOD its end-of-document token if not <|endoftext|>, </s>, ...")
     p.add_argument("--out", required=True, help="new or empty output directory")
     p.add_argument("--workers", type=int, default=0, help="tokenizing processes (default: one per CPU)")
     p.add_argument("--shard-tokens", dest="shard_tokens", type=int, default=1 << 28,
                    help="start a new shard once one holds this many tokens")
-    p.add_argument("--text-column", dest="text_column", default="text", help="parquet column holding the text")
+    p.add_argument("--text-column", dest="text_column", help="the column holding the text (parquet: default "
+                   "text; --hf: default text, content or the only string column)")
     p.set_defaults(fn=cmd_data_prepare)
     p = data_sub.add_parser("check", help="read every shard of a token folder: its SHA-256 and every token id")
     p.add_argument("dir", metavar="DIR", help="a token folder from `data prepare`")
@@ -35,12 +41,13 @@ def cmd_data_prepare(args) -> int:
     check_sizes(args.workers, args.shard_tokens)
     check_output(args.out)
     meta = prepare(args.corpus, args.tokenizer, args.out, workers=args.workers, shard_tokens=args.shard_tokens,
-                   text_column=args.text_column)
+                   text_column=args.text_column, hf=args.hf)
     sp = meta["splits"]
     print(f"{args.out}: {meta['tokens']:,} {meta['tokenizer']} tokens, {meta['documents']:,} documents in "
           f"{len(meta['shards'])} shards; train/val/test {sp['train']['tokens']:,}/{sp['val']['tokens']:,}/"
           f"{sp['test']['tokens']:,} tokens")
-    print(f"train from it: --set data.corpus={args.out} --set data.tokenizer={meta['tokenizer']}")
+    vocab = f" --set model.vocab={C.tokenizer_vocab(meta['tokenizer'])}" if meta["tokenizer"].startswith("hf:") else ""
+    print(f"train from it: --set data.corpus={args.out} --set data.tokenizer={meta['tokenizer']}{vocab}")
     return 0
 
 
@@ -182,4 +189,46 @@ def cmd_forecast(args) -> int:
     if measured is not None:
         print("\n".join(validation_lines(report["validation"])))
     print(f"report: {args.out}")
+    return 0
+
+
+def add_figures(sub) -> None:
+    p = sub.add_parser("figures", help="a report's figures as PNG, SVG or PDF files (plotly's kaleido in Chromium)")
+    p.add_argument("report", metavar="REPORT", help="a seams or pruning report, or a sweep folder or its sweep.json")
+    p.add_argument("--format", help="png, svg or pdf, or several comma-separated, drawn in one browser session "
+                                    "(default png, or --out FILE's suffix)")
+    p.add_argument("--out", help="a folder (default: figures/ beside the report), or one file when --only names "
+                                 "one figure")
+    p.add_argument("--only", action="append", default=[], metavar="NAME",
+                   help="this figure alone, by its name less the kind prefix, e.g. loss_seconds or "
+                        "final_loss_vs_seams (repeatable; default: every figure)")
+    p.set_defaults(fn=cmd_figures)
+
+
+def cmd_figures(args) -> int:
+    from seamkit.figures import FORMATS, FiguresError, browser, figures_of, formats, load, render, write_bytes
+    from seamkit.figures import write_images
+    kind, report = load(args.report)
+    figs = figures_of(kind, report)
+    unknown = [n for n in args.only if n not in figs]
+    if unknown:
+        raise FiguresError(f"the {kind} report has no figure {unknown[0]!r}; it has {', '.join(figs)}")
+    figs = {n: figs[n] for n in dict.fromkeys(args.only)} if args.only else figs
+    where = Path(args.report)
+    out = Path(args.out) if args.out else (where if where.is_dir() else where.parent) / "figures"
+    one_file = out.suffix.lstrip(".").lower() in FORMATS
+    fmts = (out.suffix.lstrip(".").lower(),) if one_file else formats(args.format or "png")
+    if one_file and len(figs) != 1:
+        raise FiguresError(f"--out {out} is one file: name its figure with --only (one of {', '.join(figs)})")
+    if one_file and args.format and formats(args.format) != fmts:
+        raise FiguresError(f"--out {out} is a .{fmts[0]} file but --format is {args.format}")
+    path = browser()  # kaleido or a browser missing: one line, before anything is created
+    with made_dirs_go_on_error(out.parent if one_file else out):
+        check_writable(out, directory=not one_file)
+        if one_file:
+            write_bytes(out, next(iter(render(figs, fmts, path).values())))
+            written = [out]
+        else:
+            written = write_images(figs, out, fmts, prefix=f"{kind}_", path=path)
+    print("\n".join(map(str, written)))
     return 0

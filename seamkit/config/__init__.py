@@ -4,7 +4,7 @@ one override function.
 - `fields`: the errors a user can act on, ranges declared with each numeric field, one validator;
 - `parse`: the strings a user types as typed values (seams as block lists, arms, placements);
 - `sections`: the dataclasses, each field's default, range and meaning where it is declared;
-- `presets`: seed (the reference run), cpu (the 2-core default), tiny (tests);
+- `presets`: seed (the reference run), cpu (the 2-core default), llama (cpu with a Llama block), tiny (tests);
 - `overrides`: `override` (CLI, papermill, widgets, sweeps), `from_dict` and `upgrade` for saved
   configs, the one-line argument parser.
 """
@@ -49,6 +49,7 @@ from seamkit.config.sections import (
     SeamsConfig,
     TrainConfig,
     check_policy,
+    tokenizer_sha256,
     tokenizer_vocab,
 )
 from seamkit.seams.policy import ARMS
@@ -58,4 +59,4 @@ __all__ = ["ARMS", "CALIBRATIONS", "ConfigError", "DTYPES", "DataConfig", "IN_FL
            "RENAMED", "Range", "RunConfig", "SeamkitError", "SeamsConfig", "TOKENIZERS", "TrainConfig", "check_fields",
            "check_policy", "cpu", "dotted_key", "dumps", "from_dict", "name_in", "override", "parse_arms",
            "parse_choice", "parse_devices", "parse_overrides", "parse_placement", "parse_seams", "preset", "ranged", "seed", "segments",
-           "tiny", "tokenizer_vocab", "upgrade"]
+           "tiny", "tokenizer_sha256", "tokenizer_vocab", "upgrade"]

@@ -20,6 +20,10 @@ from seamkit.config.sections import (
     TrainConfig,
 )
 
+SECTIONS = {"model": ModelConfig, "data": DataConfig, "train": TrainConfig, "seams": SeamsConfig,
+            "prune": PruneConfig}
+
+
 def _coerce(value, typ, key: str, rule: Range = Range()):
     """Turn `value` (maybe a CLI string) into `typ`, or raise a ConfigError naming `key` and the
     field's `rule`."""
@@ -168,6 +172,13 @@ def upgrade(d: dict) -> dict:
     if "compile_reference" in prune and not prune.pop("compile_reference"):
         prune["reference"] = "eager"
     _retire_stages(d)
+    # a field added since the save reads as its default, as `from_dict` builds it (every field's
+    # default is what runs did before the field existed)
+    for name, section in SECTIONS.items():
+        if isinstance(d.get(name), dict):
+            for f in dataclasses.fields(section):
+                if f.name not in d[name]:
+                    d[name][f.name] = f.default if f.default is not dataclasses.MISSING else f.default_factory()
     return d
 
 
@@ -197,8 +208,7 @@ def from_dict(d: dict) -> RunConfig:
         parts = {}
         for f in dataclasses.fields(RunConfig):
             if f.name in d and isinstance(d[f.name], dict):
-                parts[f.name] = {"model": ModelConfig, "data": DataConfig, "train": TrainConfig,
-                                 "seams": SeamsConfig, "prune": PruneConfig}[f.name](**d[f.name])
+                parts[f.name] = SECTIONS[f.name](**d[f.name])
             elif f.name in d:
                 parts[f.name] = d[f.name]
         return RunConfig(**parts)

@@ -1,6 +1,6 @@
 """Presets, derived from each other (torchtitan style): `seed` is the reference run of the
 reference seams report (docs/reference.md), `cpu` the default for a 2-core machine, `tiny` the one
-the tests use."""
+the tests use, `llama` the cpu preset with a Llama-shaped block."""
 
 from __future__ import annotations
 
@@ -43,7 +43,17 @@ def tiny() -> RunConfig:
     return c
 
 
-PRESETS = {"seed": seed, "cpu": cpu, "tiny": tiny}
+def llama() -> RunConfig:
+    """The cpu preset with Llama's block: SwiGLU MLP, grouped-query attention (2 key/value heads
+    for 4 query heads), no biases; hidden width 384 (Llama's 2/3 of 4*dim, rounded up to 64) keeps
+    the parameters within 1% of cpu's (1,641,088 against 1,650,304)."""
+    c = cpu()
+    c.preset = "llama"
+    c.model = dataclasses.replace(c.model, mlp="swiglu", mlp_hidden=384, kv_heads=2, bias=False)
+    return c
+
+
+PRESETS = {"seed": seed, "cpu": cpu, "tiny": tiny, "llama": llama}
 
 
 def preset(name: str) -> RunConfig:

@@ -10,18 +10,25 @@ no fields, so `to_dict()` (what reports and checkpoints keep) holds what the use
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from seamkit.config.fields import ConfigError, check_fields, one_of, ranged
 from seamkit.config.parse import parse_arms, parse_choice, parse_seams, segments
 
-TOKENIZERS = ("qwen", "bytes")
+TOKENIZERS = ("qwen", "bytes")  # and "hf:PATH[#EOD]", a tokenizer.json of one's own (`hf_tokenizer`)
+HF = "hf:"
+# the end-of-document token of a tokenizer.json whose name gives none (hf:PATH#TOKEN): the first of these it holds
+EOD_NAMES = ("<|endoftext|>", "</s>", "<|end_of_text|>", "<eos>", "[SEP]")
+HF_VOCAB_MULTIPLE = 64  # an hf tokenizer's ids and pad, rounded up to a multiple of this (`HFTokenizerFile`)
 OBJECTIVES = ("aux_head", "detached_head", "shared_head", "aux_block", "own_head")
 CALIBRATIONS = ("auto", "run", "bench")  # where seams.placement=best finds each candidate's speed
 DTYPES = ("float32", "float64", "bfloat16")
 LR_SCHEDULES = ("budget", "steps")
 ORDERS = ("interleaved", "sequential")
 OPTIMIZERS = ("adamw", "muon")
+TRACKERS = ("tensorboard", "wandb")  # train.log_to, besides "none"
 
 # What a study does off its budget's clock (before the arms start, between and after them) is
 # sized by config values; each has a ceiling, so no value can stall a study before its budget
@@ -36,6 +43,10 @@ CALIBRATE_STEPS_MAX = 1000  # steps per calibration candidate and round
 CALIBRATE_ROUNDS_MAX = 16  # calibration rounds per candidate
 
 
+MLPS = ("gelu", "swiglu")  # model.mlp: the seed GPT's GELU MLP, or Llama's SwiGLU
+SWIGLU_MULTIPLE = 64  # swiglu's default hidden width is rounded up to a multiple of this
+
+
 @dataclass
 class ModelConfig:
     vocab: int = ranged(151936, gt=0)  # rows of the embedding and the LM head
@@ -43,10 +54,16 @@ class ModelConfig:
     n_blocks: int = ranged(16, gt=0)  # transformer blocks; seams cut between them
     n_heads: int = ranged(8, gt=0)  # attention heads; dim must divide evenly
     seq: int = ranged(512, gt=0)  # tokens per training row
-    mlp_mult: int = ranged(4, gt=0)  # MLP hidden width is mlp_mult * dim
+    mlp_mult: int = ranged(4, gt=0)  # MLP hidden width is mlp_mult * dim (gelu; swiglu: see mlp_hidden)
     rope_base: float = ranged(10000.0, gt=0)  # RoPE frequency base
     norm_eps: float = ranged(1e-6, gt=0)  # RMSNorm epsilon
     dropout: float = ranged(0.0, ge=0, lt=1)  # attention/residual dropout; exact pruning refuses > 0
+    mlp: str = "gelu"  # "gelu": proj(gelu(fc x)); "swiglu": Llama's w2(silu(w1 x) * w3 x), w1 and w3 one fused fc
+    # MLP hidden width; 0: mlp_mult*dim for gelu, and for swiglu Llama's rule, 2/3 of mlp_mult*dim
+    # rounded up to a multiple of SWIGLU_MULTIPLE (384 at dim 128), so both have about the same parameters
+    mlp_hidden: int = ranged(0, ge=0)
+    kv_heads: int = ranged(0, ge=0)  # key/value heads (grouped-query attention), dividing n_heads; 0: n_heads
+    bias: bool = True  # biases on the qkv, attention-output and MLP projections (Llama has none)
 
     def __post_init__(self):
         check_fields(self, "model")
@@ -54,19 +71,40 @@ class ModelConfig:
             raise ConfigError(f"model.dim={self.dim} is not divisible by model.n_heads={self.n_heads}")
         if (self.dim // self.n_heads) % 2:
             raise ConfigError(f"model head size dim/n_heads={self.dim // self.n_heads} must be even for RoPE")
+        one_of("model.mlp", self.mlp, MLPS)
+        if self.kv_heads and (self.kv_heads > self.n_heads or self.n_heads % self.kv_heads):
+            raise ConfigError(f"model.kv_heads={self.kv_heads} must divide model.n_heads={self.n_heads} "
+                              f"(0: one per head)")
+
+    @property
+    def n_kv_heads(self) -> int:
+        """Key/value heads: kv_heads, or n_heads where it is 0 (plain multi-head attention)."""
+        return self.kv_heads or self.n_heads
+
+    @property
+    def mlp_width(self) -> int:
+        """The MLP's hidden width: mlp_hidden, or its default for the kind (see mlp_hidden)."""
+        if self.mlp_hidden:
+            return self.mlp_hidden
+        if self.mlp == "swiglu":
+            m = SWIGLU_MULTIPLE
+            return -(-(2 * self.mlp_mult * self.dim // 3) // m) * m
+        return self.mlp_mult * self.dim
 
 
 @dataclass
 class DataConfig:
     corpus: str = "wordnet"  # "wordnet" (shipped in data/) or a path to a .txt / .jsonl corpus
-    tokenizer: str = "qwen"  # "qwen" (151,936 ids) or "bytes" (UTF-8 bytes + end-of-document + pad)
+    # "qwen" (151,936 ids), "bytes" (UTF-8 bytes + end-of-document + pad) or "hf:PATH[#EOD]": a tokenizer.json
+    # (or a folder holding one) read with Hugging Face `tokenizers`, its vocabulary from the file
+    tokenizer: str = "qwen"
     batch: int = ranged(8, gt=0)  # rows per training step
     window_positions: int = ranged(4864, gt=0)  # max tokens in one packed window of held-out documents
     cache_dir: str = ".cache/seamkit"  # tokenized corpora are cached here
 
     def __post_init__(self):
         check_fields(self, "data")
-        one_of("data.tokenizer", self.tokenizer, TOKENIZERS)
+        check_tokenizer(self.tokenizer)
 
 
 @dataclass
@@ -99,9 +137,13 @@ class TrainConfig:
     # each evaluation runs off the clock
     eval_tokens: int = ranged(32768, gt=0)
     compile: bool = False  # torch.compile each block for training (seamkit.accel); meant for CUDA
+    # each arm's curves also to a tracker: none, tensorboard, wandb, or both comma-separated; one run
+    # per arm and seed, under runs/ beside the report (seamkit.tracking)
+    log_to: str = "none"
 
     def __post_init__(self):
         check_fields(self, "train")
+        self.trackers  # noqa: B018 -- an unknown tracker is one line here
         if self.budget_seconds == 0 and self.max_steps == 0:
             raise ConfigError("train.budget_seconds or train.max_steps must be positive")
         if self.device not in ("auto", "cpu", "cuda"):
@@ -109,6 +151,18 @@ class TrainConfig:
         one_of("train.dtype", self.dtype, DTYPES)
         one_of("train.lr_schedule", self.lr_schedule, LR_SCHEDULES)
         one_of("train.optimizer", self.optimizer, OPTIMIZERS)
+
+    @property
+    def trackers(self) -> tuple[str, ...]:
+        """`log_to` as the trackers it names, in its order; () for none."""
+        names = [n.strip() for n in self.log_to.split(",")]
+        if names == ["none"]:
+            return ()
+        bad = [n for n in names if n not in TRACKERS]
+        if bad:
+            raise ConfigError(f"train.log_to={self.log_to!r}: {bad[0]!r} is no tracker; give none, or one or more "
+                              f"of {', '.join(TRACKERS)} separated by commas")
+        return tuple(dict.fromkeys(names))
 
 
 @dataclass
@@ -213,7 +267,7 @@ class RunConfig:
         need = tokenizer_vocab(self.data.tokenizer)
         if self.model.vocab < need:
             raise ConfigError(f"model.vocab={self.model.vocab} is smaller than the {self.data.tokenizer} "
-                              f"tokenizer's {need} ids")
+                              f"tokenizer's {need} ids; --set model.vocab={need}")
         self.seam_blocks  # noqa: B018 -- a bad seam spec fails when the config is built
         _check_off_clock(self)
 
@@ -244,6 +298,101 @@ def _check_off_clock(cfg: RunConfig) -> None:
                           f"with {crossed + 1} segments (delay*(segments-1) <= {IN_FLIGHT_MAX} steps in flight)")
 
 
+def check_tokenizer(name: str) -> None:
+    """data.tokenizer names a tokenizer: qwen, bytes, or hf:PATH[#EOD] whose file reads (ConfigError)."""
+    if name.startswith(HF):
+        hf_tokenizer(name)
+    elif name not in TOKENIZERS:
+        raise ConfigError(f"data.tokenizer must be qwen, bytes or hf:PATH (a tokenizer.json), got {name!r}")
+
+
 def tokenizer_vocab(name: str) -> int:
-    """Ids a tokenizer can emit (the model's vocab must be at least this)."""
+    """Ids a tokenizer can emit (the model's vocab must be at least this); an hf: tokenizer's file is read."""
+    if name.startswith(HF):
+        return hf_tokenizer(name).n_vocab
     return {"qwen": 151936, "bytes": 258}[name]
+
+
+def tokenizer_sha256(name: str) -> str | None:
+    """The SHA-256 of an hf: tokenizer's file, which the name alone does not pin (a file edited
+    in place keeps its name); None for the built-in tokenizers. Checkpoints and a study's state
+    keep it, so a resume under another file is refused."""
+    return hf_tokenizer(name).sha256 if name.startswith(HF) else None
+
+
+@dataclass(frozen=True)
+class HFTokenizerFile:
+    """The tokenizer.json that data.tokenizer="hf:PATH[#EOD]" names, as `hf_tokenizer` read it.
+
+    Its ids are the file's own, added tokens included (`n_real`). `pad` is the first id past
+    them, so encode never emits it; the model's rows are that many rounded up to a multiple of
+    HF_VOCAB_MULTIPLE, as Qwen's 151,851 ids are padded to 151,936: the embedding and LM-head
+    matmuls then run on whole GPU tiles, and an id no document holds costs one unused row.
+    """
+    path: Path
+    sha256: str  # of the file's bytes: what token caches and token folders are keyed on
+    backend: object  # the tokenizers.Tokenizer, special tokens in text encoded as plain text
+    eod_token: str  # appended after every document, by id
+    eod: int
+    n_real: int  # ids the file defines
+
+    @property
+    def pad(self) -> int:
+        return self.n_real
+
+    @property
+    def n_vocab(self) -> int:
+        return -(-(self.n_real + 1) // HF_VOCAB_MULTIPLE) * HF_VOCAB_MULTIPLE
+
+
+_HF_FILES: dict[tuple, HFTokenizerFile] = {}  # (path, sha256, eod asked for) -> the file parsed once
+
+
+def hf_tokenizer(name: str) -> HFTokenizerFile:
+    """The tokenizer.json "hf:PATH[#EOD]" names: PATH a file or a folder holding tokenizer.json, EOD
+    its end-of-document token (default: the first of EOD_NAMES it holds; a PATH holding '#' needs
+    one). The bytes are read on every call, so an edited file is never mistaken for the one read
+    before; a missing, unreadable or corrupt file is a one-line ConfigError."""
+    spec, _, eod = name[len(HF):].rpartition("#") if "#" in name else (name[len(HF):], "", "")
+    where = f"data.tokenizer={name}"
+    if not spec:
+        raise ConfigError(f"{where}: names no file; give hf:path/to/tokenizer.json")
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        path = path / "tokenizer.json"
+        if not path.exists():
+            raise ConfigError(f"{where}: no tokenizer.json in the folder {spec}")
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise ConfigError(f"{where}: no such file") from None
+    except OSError as e:
+        raise ConfigError(f"{where}: cannot read {path} ({e.strerror or e})") from None
+    key = (str(path.absolute()), hashlib.sha256(raw).hexdigest(), eod)
+    if key not in _HF_FILES:
+        _HF_FILES[key] = _parse_hf(where, path, raw, key[1], eod, spec)
+    return _HF_FILES[key]
+
+
+def _parse_hf(where: str, path: Path, raw: bytes, sha256: str, eod: str, spec: str) -> HFTokenizerFile:
+    try:
+        import tokenizers
+    except ImportError:
+        raise ConfigError(f"{where}: hf: tokenizers need the tokenizers package: pip install 'seamkit[hf]'") from None
+    try:  # from the bytes just hashed, not the path: the digest is of exactly what was parsed
+        backend = tokenizers.Tokenizer.from_str(raw.decode("utf-8"))
+    except Exception as e:  # noqa: BLE001 -- the library raises a bare Exception for a file it cannot parse
+        why = (str(e).splitlines() or [type(e).__name__])[0]
+        raise ConfigError(f"{where}: {path} is not a tokenizer.json ({why})") from None
+    # The library matches added tokens in the text it encodes, add_special_tokens=False or not; a
+    # document's "<|endoftext|>" must stay text, never become the end-of-document id
+    backend.encode_special_tokens = True
+    names = (eod,) if eod else EOD_NAMES
+    found = next(((t, i) for t in names if (i := backend.token_to_id(t)) is not None), None)
+    if found is None:
+        raise ConfigError(f"{where}: {path} has no token {eod!r}" if eod else
+                          f"{where}: {path} holds none of the end-of-document tokens {' '.join(EOD_NAMES)}; "
+                          f"name its own: hf:{spec}#TOKEN")
+    ids = backend.get_vocab(with_added_tokens=True).values()
+    n_real = max(backend.get_vocab_size(with_added_tokens=True), max(ids, default=-1) + 1)  # ids may have gaps
+    return HFTokenizerFile(path, sha256, backend, found[0], found[1], n_real)

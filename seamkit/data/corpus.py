@@ -75,8 +75,10 @@ class Corpus:
         return np.bincount(self.tokens[np.repeat(in_split, np.diff(self.offsets))], minlength=vocab)
 
     def summary(self) -> dict:
-        """What a report records about the corpus: its name, tokenizer and size per split."""
-        return {"name": self.name, "tokenizer": self.tokenizer.name, "documents": self.n_docs,
+        """What a report records about the corpus: its name, tokenizer (and its file's SHA-256, where it
+        has a file) and size per split."""
+        sha = {"tokenizer_sha256": self.tokenizer.sha256} if self.tokenizer.sha256 else {}
+        return {"name": self.name, "tokenizer": self.tokenizer.name, **sha, "documents": self.n_docs,
                 "tokens": self.n_tokens(), "split_tokens": {s: self.n_tokens(s) for s in SPLITS if len(self.splits[s])}}
 
 
@@ -119,8 +121,9 @@ def tokenize_documents(docs: list[str], tok: Tokenizer, desc: str = "tokenizing"
 def cached_corpus(path: Path, tok: Tokenizer, cache_dir) -> Corpus:
     """The in-memory corpus of a document file: tokenized with `tok`, or loaded from `cache_dir`.
 
-    The cache key is the sha256 of the file's bytes, the tokenizer and CACHE_VERSION, so an
-    edited corpus is tokenized again and a cached one loads without reading the text.
+    The cache key is the sha256 of the file's bytes, the tokenizer's key (an hf: tokenizer's holds
+    its file's sha256) and CACHE_VERSION, so an edited corpus or tokenizer.json is tokenized
+    again and a cached one loads without reading the text.
     """
     try:
         digest = hashlib.sha256(path.read_bytes()).hexdigest()
@@ -129,7 +132,7 @@ def cached_corpus(path: Path, tok: Tokenizer, cache_dir) -> Corpus:
     except OSError as e:
         raise DataError(f"{path}: cannot read corpus: {e}") from None
     stem = path.name.split(".")[0]
-    cache = Path(cache_dir).expanduser() / f"{stem}-{tok.name}-v{CACHE_VERSION}-{digest[:16]}.npz"
+    cache = Path(cache_dir).expanduser() / f"{stem}-{tok.key}-v{CACHE_VERSION}-{digest[:16]}.npz"
 
     arrays = _read_cache(cache)
     if arrays is None:

@@ -2,6 +2,8 @@
 
 - files: the shipped WordNet 3.0 glosses (data/README.md; a wheel carries them in
   seamkit/corpora/) or a user .txt / .jsonl(.gz) / .parquet file, streamed (`iter_documents`);
+- `Source`: documents `data prepare` streams, from a file (`file_source`) or a dataset
+  (seamkit.data.hfdata);
 - the split: a seed-free train/val/test assignment from a hash of each document's text
   (`split_by_hash`), the same for in-memory and token-file corpora.
 """
@@ -12,7 +14,9 @@ import gzip
 import hashlib
 import json
 import re
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable, Iterator
 
 import numpy as np
 
@@ -104,6 +108,19 @@ def iter_documents(path: Path, text_column: str = "text"):
 
 
 _BLANK = re.compile(r"[ \t]*")
+
+
+@dataclass(frozen=True)
+class Source:
+    """Documents `data prepare` streams: a corpus file, or a dataset (seamkit.data.hfdata)."""
+    label: str  # names it in errors and in meta.json's "sources"
+    size: int | None  # progress units in all (None: not known before reading)
+    unit: str  # "B": a file's bytes; "row": a dataset's rows
+    documents: Callable[[], Iterator[tuple[str, int]]]  # (document, units read so far), in order
+
+
+def file_source(path: Path, text_column: str = "text") -> Source:
+    return Source(str(path), path.stat().st_size, "B", lambda: iter_documents(path, text_column))
 
 
 def _decoded_lines(f, path: Path):

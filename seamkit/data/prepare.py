@@ -2,7 +2,8 @@
 format `seamkit.data.tokenfiles` reads through np.memmap (its docstring holds the layout).
 
 `prepare` streams documents from .txt, .jsonl (either optionally .gz) and .parquet files with a
-text column (the format of FineWeb and most hub corpora), tokenizes them in several processes,
+text column (the format of FineWeb and most hub corpora), or from a Hugging Face `datasets`
+dataset on disk (`hf`, seamkit.data.hfdata), tokenizes them in several processes,
 and appends the ids to token shards. Nothing holds more than a few chunks of text at once; what
 grows with the corpus is 8 bytes per document (its split hash) until the split is decided at
 the end. Documents are encoded exactly as an in-memory corpus encodes them
@@ -16,6 +17,7 @@ failed or interrupted run leaves nothing behind and DIR, once it exists, is comp
 from __future__ import annotations
 
 import collections
+import contextlib
 import hashlib
 import json
 import multiprocessing as mp
@@ -31,12 +33,14 @@ from tqdm.auto import tqdm
 from seamkit.data.corpus import encode_document
 from seamkit.data.documents import (
     SPLITS,
+    Source,
     corpus_kind,
     doc_hash,
-    iter_documents,
+    file_source,
     split_by_hash,
 )
 from seamkit.data.errors import DataError
+from seamkit.data.hfdata import open_dataset
 from seamkit.data.tokencheck import (
     FORMAT,
     META,
@@ -52,9 +56,12 @@ CHUNK_CHARS = 1 << 20  # text per tokenizing task: large enough to amortize the 
 SHARD_TOKENS = 1 << 28  # 256M tokens: 512 MB (bytes) or 1 GB (qwen) per shard
 
 
-def _encode_chunk(tokenizer: str, docs: list[str]) -> dict[str, np.ndarray]:
-    """A worker's task: the arrays of a run of documents (see the module docstring)."""
+def _encode_chunk(tokenizer: str, key: str, docs: list[str]) -> dict[str, np.ndarray]:
+    """A worker's task: the arrays of a run of documents (see the module docstring). `key`: the
+    tokenizer's when prepare started; an hf: tokenizer.json edited since would give other ids."""
     tok = get_tokenizer(tokenizer)
+    if tok.key != key:
+        raise DataError(f"{tokenizer}: the tokenizer file changed while data prepare ran")
     pieces, lens, prompt = [], np.empty(len(docs), np.int64), np.empty(len(docs), np.int32)
     for i, text in enumerate(docs):
         ids, prompt[i] = encode_document(text, tok)
@@ -65,12 +72,12 @@ def _encode_chunk(tokenizer: str, docs: list[str]) -> dict[str, np.ndarray]:
             "hash": np.array([doc_hash(d) for d in docs], np.float64)}
 
 
-def _chunks(paths: list[Path], text_column: str, bar):
-    """Runs of documents of about CHUNK_CHARS characters, from every file in turn."""
+def _chunks(sources: list[Source], bar):
+    """Runs of documents of about CHUNK_CHARS characters, from every source in turn."""
     chunk, chars, done = [], 0, 0
-    for path in paths:
+    for source in sources:
         read = 0
-        for doc, position in iter_documents(path, text_column):
+        for doc, position in source.documents():
             chunk.append(doc)
             chars += len(doc)
             bar.update(position - read)
@@ -78,7 +85,7 @@ def _chunks(paths: list[Path], text_column: str, bar):
             if chars >= CHUNK_CHARS:
                 yield chunk
                 chunk, chars = [], 0
-        done += path.stat().st_size
+        done += read if source.size is None else source.size
         bar.update(done - bar.n)
     if chunk:
         yield chunk
@@ -176,21 +183,37 @@ def check_sizes(workers: int, shard_tokens: int) -> None:
 
 
 def prepare(paths, tokenizer: str, out_dir, workers: int = 0, shard_tokens: int = SHARD_TOKENS,
-            text_column: str = "text", progress: bool = True) -> dict:
-    """Tokenize corpus files into a token directory (module docstring); returns its meta.json.
+            text_column: str | None = None, progress: bool = True, hf: str | None = None) -> dict:
+    """Tokenize corpus files, or a dataset on disk, into a token directory (module docstring);
+    returns its meta.json.
 
     `paths`: files, or directories whose .txt/.jsonl(.gz)/.parquet files are taken in name
-    order. `workers`: tokenizing processes (0: one per CPU, 1: in this process). `out_dir`
-    must be new or empty. Everything is written into a temporary folder beside it, renamed
-    to `out_dir` at the end: any failure, Ctrl-C included, removes it and every folder above
-    `out_dir` that this call created.
+    order; or `hf` instead, "PATH[:SPLIT]" of a `datasets` dataset (seamkit.data.hfdata).
+    `text_column`: a parquet file's or the dataset's text column (default "text"; for a
+    dataset, found). `workers`: tokenizing processes (0: one per CPU, 1: in this process).
+    `out_dir` must be new or empty. Everything is written into a temporary folder beside it,
+    renamed to `out_dir` at the end: any failure, Ctrl-C included, removes it and every folder
+    above `out_dir` that this call created.
     """
     tok = get_tokenizer(tokenizer)
     check_sizes(workers, shard_tokens)
     out = Path(out_dir)
     check_output(out)
-    files = _corpus_files(paths)
-    workers = workers or os.cpu_count() or 1
+    if (hf is None) == (not paths):
+        raise DataError("data prepare: give corpus files or a dataset (--hf), one of them")
+    with contextlib.ExitStack() as stack:
+        if hf is None:
+            column = text_column or "text"
+            sources = [file_source(p, column) for p in _corpus_files(paths)]
+        else:
+            source, column = stack.enter_context(open_dataset(hf, text_column))
+            sources = [source]
+        return _prepare(sources, column, tok, out, workers or os.cpu_count() or 1, shard_tokens, progress)
+
+
+def _prepare(sources: list[Source], text_column: str, tok, out: Path, workers: int, shard_tokens: int,
+             progress: bool) -> dict:
+    """`prepare` once its inputs are checked: into a temporary folder, renamed at the end."""
     made = [p for p in reversed(out.absolute().parents) if not p.exists()]  # outermost first
     tmp = None
     try:
@@ -199,7 +222,7 @@ def prepare(paths, tokenizer: str, out_dir, workers: int = 0, shard_tokens: int 
             tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
         except OSError as e:
             raise DataError(f"cannot write {out}: {e.strerror or e}") from None
-        meta = _write(files, tok, tmp, workers, shard_tokens, text_column, progress)
+        meta = _write(sources, tok, tmp, workers, shard_tokens, text_column, progress)
         mask = os.umask(0)
         os.umask(mask)
         os.chmod(tmp, 0o777 & ~mask)  # mkdtemp makes 0700; give the folder the permissions mkdir would
@@ -219,21 +242,22 @@ def prepare(paths, tokenizer: str, out_dir, workers: int = 0, shard_tokens: int 
         raise
 
 
-def _write(files: list[Path], tok, tmp: Path, workers: int, shard_tokens: int, text_column: str,
+def _write(sources: list[Source], tok, tmp: Path, workers: int, shard_tokens: int, text_column: str,
            progress: bool) -> dict:
-    """Every document of `files` into the token directory `tmp`; its meta.json, written last."""
+    """Every document of `sources` into the token directory `tmp`; its meta.json, written last."""
     try:
         writer = _Writer(tmp, token_dtype(tok.n_vocab), shard_tokens, dict(SAMPLE))
     except OSError as e:
         raise DataError(f"cannot write {tmp}: {e.strerror or e}") from None
-    total = sum(p.stat().st_size for p in files)
+    sizes = [s.size for s in sources]
+    total = None if None in sizes else sum(sizes)
     try:
-        with tqdm(total=total, unit="B", unit_scale=True, desc=f"data prepare ({tok.name}, {workers} workers)",
-                  disable=not progress, mininterval=1.0) as bar:
+        with tqdm(total=total, unit=sources[0].unit, unit_scale=True, disable=not progress, mininterval=1.0,
+                  desc=f"data prepare ({tok.name}, {workers} workers)") as bar:
             try:
-                _encode_all(files, tok, writer, workers, text_column, bar)
+                _encode_all(sources, tok, writer, workers, bar)
                 if writer.n_docs == 0:
-                    raise DataError(f"{', '.join(map(str, files))}: no documents")
+                    raise DataError(f"{', '.join(s.label for s in sources)}: no documents")
             except BaseException:
                 bar.leave = False  # the error line alone, not a bar stopped part way
                 raise
@@ -243,7 +267,8 @@ def _write(files: list[Path], tok, tmp: Path, workers: int, shard_tokens: int, t
         meta = {"format": FORMAT, "tokenizer": tok.name, "dtype": writer.dtype.name, "documents": writer.n_docs,
                 "tokens": writer.n_tokens, "shards": writer.shards, "splits": {}, "checksums": checksums,
                 "sample": writer.sample,
-                "sources": [str(p) for p in files], "text_column": text_column}
+                "sources": [s.label for s in sources], "text_column": text_column,
+                **({"tokenizer_key": tok.key} if tok.key != tok.name else {})}
         for s in SPLITS:
             ids = splits[s].astype(np.int64)
             with open(tmp / f"split-{s}.bin", "wb") as f:
@@ -261,18 +286,18 @@ def _write(files: list[Path], tok, tmp: Path, workers: int, shard_tokens: int, t
     return meta
 
 
-def _encode_all(files: list[Path], tok, writer: _Writer, workers: int, text_column: str, bar) -> None:
-    chunks = _chunks(files, text_column, bar)
+def _encode_all(sources: list[Source], tok, writer: _Writer, workers: int, bar) -> None:
+    chunks = _chunks(sources, bar)
     if workers == 1:
         for chunk in chunks:
-            writer.write(_encode_chunk(tok.name, chunk))
+            writer.write(_encode_chunk(tok.name, tok.key, chunk))
             bar.set_postfix(tokens=f"{writer.n_tokens:,}", refresh=False)
         return
     # at most 2 tasks per worker in flight: reading never runs far ahead of tokenizing
     with mp.get_context("spawn").Pool(workers, initializer=_ignore_sigint) as pool:
         pending = collections.deque()
         for chunk in chunks:
-            pending.append(pool.apply_async(_encode_chunk, (tok.name, chunk)))
+            pending.append(pool.apply_async(_encode_chunk, (tok.name, tok.key, chunk)))
             while len(pending) > 2 * workers:
                 writer.write(pending.popleft().get())
                 bar.set_postfix(tokens=f"{writer.n_tokens:,}", refresh=False)

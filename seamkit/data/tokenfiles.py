@@ -1,5 +1,5 @@
 """Token files: corpora larger than memory, tokenized once (`seamkit.data.prepare`, `seamkit data
-prepare --corpus PATH... --tokenizer qwen|bytes --out DIR`) and read through np.memmap.
+prepare --corpus PATH... --tokenizer qwen|bytes|hf:PATH --out DIR`) and read through np.memmap.
 
 `--set data.corpus=DIR` trains from it: `load.load_corpus` sees a directory and calls
 `open_corpus`, which memory-maps every file; `RowLoader` then copies out only the documents
@@ -9,10 +9,11 @@ and a sample of each shard (its token ids and SHA-256); `full=True` (`seamkit da
 reads every shard whole.
 
 Layout of DIR (all arrays little-endian, raw, no header; meta.json says dtype and length):
-  meta.json                 format, tokenizer, dtype, counts, the shards (each with its SHA-256,
+  meta.json                 format, tokenizer (an hf: one's key too: its file's SHA-256), dtype,
+                            counts, the shards (each with its SHA-256,
                             largest token id and the SHA-256 of its sampled blocks), the sample's
                             sizes, the splits' sizes and the SHA-256 of every file below but the shards
-  tokens-00000.bin ...      token ids, uint16 for "bytes" and uint32 for "qwen"; whole documents
+  tokens-00000.bin ...      token ids, uint16 up to 65,536 ids ("bytes"), else uint32 ("qwen"); whole documents
                             back to back, a new shard once one holds `shard_tokens` or more
   offsets.bin               int64 (n_docs + 1): document i is corpus tokens [offsets[i], offsets[i+1])
   prompt_len.bin            int32 (n_docs): leading tokens of each document that are its prompt
@@ -146,13 +147,22 @@ def open_corpus(root, tokenizer: str | None, full: bool = False, progress: bool 
         raise DataError(f"{root}: not a token corpus (no {META}; `seamkit data prepare` makes one)") from None
     except (OSError, ValueError) as e:
         raise DataError(f"{path}: cannot read ({str(e).splitlines()[0]})") from None
-    check_meta(meta, path, lambda name: get_tokenizer(name).n_vocab)
-    tokenizer = meta["tokenizer"] if tokenizer is None else tokenizer
-    if meta["tokenizer"] != tokenizer:
+    asked = None if tokenizer is None else get_tokenizer(tokenizer)
+
+    def same(tok) -> bool:  # the tokenizer meta.json names: by name, or an hf: file of the same content elsewhere
+        return tok is not None and (meta["tokenizer"] == tok.name or meta.get("tokenizer_key") == tok.key)
+
+    check_meta(meta, path, lambda name: (asked if same(asked) else get_tokenizer(name)).n_vocab)
+    tok = asked or get_tokenizer(meta["tokenizer"])
+    if not same(tok):
         raise TokenizerMismatch(f"{root}: prepared with tokenizer {meta['tokenizer']}, the config asks for "
-                                f"{tokenizer}; --set data.tokenizer={meta['tokenizer']} (and a model.vocab to match)",
+                                f"{tok.name}; --set data.tokenizer={meta['tokenizer']} (and a model.vocab to match)",
                                 meta["tokenizer"])
-    tok, dtype, n = get_tokenizer(tokenizer), np.dtype(meta["dtype"]), meta["documents"]
+    if meta.get("tokenizer_key", tok.key) != tok.key:  # an hf: tokenizer.json edited since prepare read it
+        raise TokenizerMismatch(f"{root}: prepared with {meta['tokenizer']} as it was then (key "
+                                f"{meta['tokenizer_key']}), the file now gives {tok.key}: its ids differ; "
+                                f"prepare the corpus again with this tokenizer.json", meta["tokenizer"])
+    dtype, n = np.dtype(meta["dtype"]), meta["documents"]
 
     def mapped(name: str, dt, length: int):
         path = root / name

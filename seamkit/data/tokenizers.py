@@ -1,5 +1,6 @@
-"""Tokenizers: "qwen" (Qwen2.5's tiktoken BPE, padded to 151,936 ids) and "bytes" (UTF-8 bytes +
-end-of-document + pad).
+"""Tokenizers: "qwen" (Qwen2.5's tiktoken BPE, padded to 151,936 ids), "bytes" (UTF-8 bytes +
+end-of-document + pad) and "hf:PATH[#EOD]", a tokenizer.json of one's own read with Hugging Face
+`tokenizers` (seamkit.config.hf_tokenizer reads the file, its ids and its end-of-document token).
 
 Corpus text is always encoded as plain text: a literal "<|endoftext|>" in a document never
 becomes the end-of-document id.
@@ -7,7 +8,8 @@ becomes the end-of-document id.
 
 from __future__ import annotations
 
-from seamkit.config import tokenizer_vocab
+from seamkit.config import ConfigError, tokenizer_vocab
+from seamkit.config.sections import HF, hf_tokenizer
 from seamkit.data.errors import DataError
 
 
@@ -17,6 +19,12 @@ class Tokenizer:
     n_vocab: int  # ids the model must have rows for (config.tokenizer_vocab(name))
     eod: int  # appended after every document
     pad: int  # never produced by encode; free for callers that pad
+    sha256: str | None = None  # of the tokenizer's file, where it has one
+
+    @property
+    def key(self) -> str:
+        """What tokenized corpora are keyed on: the same key, the same ids for the same text."""
+        return self.name
 
     def encode(self, text: str) -> list[int]:
         raise NotImplementedError
@@ -67,15 +75,47 @@ class QwenTokenizer(Tokenizer):
         return self.bpe.decode([int(i) for i in ids if int(i) < self.n_real], errors="replace")
 
 
+class HFTokenizer(Tokenizer):
+    """A tokenizer.json (`config.HFTokenizerFile`): its own ids, then a pad id, padded to a multiple
+    of 64. Text is encoded without the file's post-processor (no BOS or template tokens) and with
+    its special tokens as plain text; decode(encode(t)) == t where the file has no normalizer
+    (a byte-level BPE such as GPT-2's has none)."""
+
+    def __init__(self, name: str, file):
+        self.name, self.file, self.sha256 = name, file, file.sha256
+        self.n_vocab, self.eod, self.pad = file.n_vocab, file.eod, file.pad
+
+    @property
+    def key(self) -> str:
+        # the file's content and the end-of-document id, never its path: an edited tokenizer.json
+        # gets a new key, and the same file elsewhere the same one
+        return f"hf-{self.sha256[:16]}-eod{self.eod}"
+
+    def encode(self, text: str) -> list[int]:
+        return self.file.backend.encode(text, add_special_tokens=False).ids
+
+    def decode(self, ids) -> str:
+        return self.file.backend.decode([int(i) for i in ids if int(i) < self.file.n_real], skip_special_tokens=False)
+
+
 _TOKENIZERS: dict[str, Tokenizer] = {}
 
 
 def get_tokenizer(name: str) -> Tokenizer:
-    """The shared instance for `name` ("qwen" or "bytes")."""
+    """The shared instance for `name` ("qwen", "bytes" or "hf:PATH[#EOD]"). An hf: tokenizer's file
+    is read again on every call: an edited file gives a new instance, with a new `key`."""
+    if name.startswith(HF):
+        try:
+            file = hf_tokenizer(name)
+        except ConfigError as e:
+            raise DataError(str(e)) from None
+        if name not in _TOKENIZERS or _TOKENIZERS[name].file is not file:
+            _TOKENIZERS[name] = HFTokenizer(name, file)
+        return _TOKENIZERS[name]
     if name not in _TOKENIZERS:
         classes = {"qwen": QwenTokenizer, "bytes": BytesTokenizer}
         if name not in classes:
-            raise DataError(f"unknown tokenizer {name!r}; choose one of {sorted(classes)}")
+            raise DataError(f"unknown tokenizer {name!r}; choose one of {sorted(classes)} or hf:PATH (a tokenizer.json)")
         _TOKENIZERS[name] = classes[name]()
         assert _TOKENIZERS[name].n_vocab == tokenizer_vocab(name)
     return _TOKENIZERS[name]

@@ -116,7 +116,8 @@ def measure_costs(cfg: RunConfig, devices: list[int], repeats: int = 3, threads:
         "dtype": cfg.train.dtype, "repeats": repeats, "max_rows": max_rows,
         "row_scaling": None if max_rows is None else f"entries over {max_rows} rows timed at {max_rows} and scaled "
                                                       f"linearly in rows",
-        "model": {k: getattr(m, k) for k in ("vocab", "dim", "n_blocks", "n_heads", "seq", "mlp_mult")},
+        "model": {k: getattr(m, k) for k in ("vocab", "dim", "n_blocks", "n_heads", "seq", "mlp_mult", "mlp",
+                                             "mlp_hidden", "kv_heads", "bias")},  # what table.check_matches holds a config to
         "batch": cfg.data.batch, "aux_classes": min(cfg.seams.aux_classes, m.vocab) + 1,
         "grad_bytes": sum(p.numel() * p.element_size() for p in chain.model.parameters()),
         "n_tensors": len(list(chain.model.parameters())),

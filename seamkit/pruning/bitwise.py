@@ -55,27 +55,29 @@ def calibrate(model: GPT, p: Plan, blocked: bool = True) -> Plan:
     """
     cfg, dt, dev = model.cfg, model.head.weight.dtype, model.head.weight.device
     p.blocks["rows"] = blocked  # row-subset GEMMs: tried per shape when the step first runs one (`rows_exact`)
-    C, Mh = cfg.dim, cfg.mlp_mult * cfg.dim
-    shapes = {"live": [(3 * C, C), (C, C), (Mh, C), (C, Mh)] if cfg.n_blocks > 1 else [(3 * C, C)],
-              "target": [(C, C), (Mh, C), (C, Mh), (cfg.vocab, C)]}
+    C, Mh = cfg.dim, cfg.mlp_width
+    Qkv, Fc = model.blocks[0].attn.qkv.out_features, model.blocks[0].mlp.fc.out_features  # C + 2K; M or 2M (swiglu)
+    shapes = {"live": [(Qkv, C), (C, C), (Fc, C), (C, Mh)] if cfg.n_blocks > 1 else [(Qkv, C)],
+              "target": [(C, C), (Fc, C), (C, Mh), (cfg.vocab, C)]}
     for name, rows in (("live", p.live), ("target", p.target)):
         for out_f, in_f in shapes[name]:
             kc = calibrate_gemm(p.positions, out_f, in_f, dt, dev, rows) if blocked else None
             p.blocks[(name, out_f, in_f)] = None if kc is None else block_spans(rows, gemm_blocks(p.positions, kc))
     for name, rows in (("live", p.live), ("target", p.target)):
-        p.blocks[("attention", name)] = (_calibrate_attention(p, rows, cfg.n_heads, C // cfg.n_heads, dt, dev)
-                                         if blocked else None)
+        p.blocks[("attention", name)] = (_calibrate_attention(p, rows, cfg.n_heads, cfg.n_kv_heads, C // cfg.n_heads,
+                                                              dt, dev) if blocked else None)
     return p
 
 
-def _calibrate_attention(p: Plan, rows: Tensor, H: int, D: int, dtype, device) -> list | None:
-    """`attention_calls` for these query rows, if they reproduce the all-rows kernel's bits here."""
+def _calibrate_attention(p: Plan, rows: Tensor, H: int, KV: int, D: int, dtype, device) -> list | None:
+    """`attention_calls` for these query rows, if they reproduce the all-rows kernel's bits here
+    (H query heads, KV key/value heads: the kernel groups them as the model's SDPA does)."""
     if torch.device(device).type != "cpu":
         return None
     N = p.positions
     calls = attention_calls(rows, p.pos, N)
     g = torch.Generator(device="cpu").manual_seed(N + 1)
-    q, k, v = (torch.randn(1, H, N, D, generator=g, dtype=dtype).to(device) for _ in range(3))
+    q, k, v = (torch.randn(1, heads, N, D, generator=g, dtype=dtype).to(device) for heads in (H, KV, KV))
     mask = float_mask(doc_causal_mask(p.doc[None]), dtype)
     ref, ref_lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, False, attn_mask=mask)
     only = torch.zeros(N, dtype=torch.bool, device=device)
@@ -162,10 +164,10 @@ def linear(x: Tensor, layer: torch.nn.Linear, rows: Rows, norm: torch.nn.RMSNorm
 
 class _LastQKV(torch.autograd.Function):
     """The last block's norm1 weight and qkv: queries for the target rows (1, t, C) only, keys
-    and values for every live row, returned at all N positions (1, N, 2C).
+    and values for every live row, returned at all N positions (1, N, 2K), K = kv_heads*head_dim.
 
-    Backward rebuilds the (live, 3C) gradient with zero query rows outside T, so the input
-    gradient is one GEMM over 3C and the weight gradient one over the tokens, as unpruned.
+    Backward rebuilds the (live, C + 2K) gradient with zero query rows outside T, so the input
+    gradient is one GEMM over C + 2K and the weight gradient one over the tokens, as unpruned.
     """
 
     @staticmethod
@@ -173,15 +175,15 @@ class _LastQKV(torch.autograd.Function):
         C = x_hat.shape[-1]
         h = x_hat * norm_weight
         ctx.save_for_backward(x_hat, h, weight, norm_weight)
-        ctx.rows, ctx.live_t, ctx.has_bias = live, live_t, True
-        q = _linear(h.index_select(1, t_in_live), weight[:C], bias[:C], tgt)
-        kv = _linear(h, weight[C:], bias[C:], live)
+        ctx.rows, ctx.live_t, ctx.has_bias = live, live_t, bias is not None
+        q = _linear(h.index_select(1, t_in_live), weight[:C], None if bias is None else bias[:C], tgt)
+        kv = _linear(h, weight[C:], None if bias is None else bias[C:], live)
         return q, live.expand(kv, 1)
 
     @staticmethod
     def backward(ctx, dq, dkv_full):
         x_hat, h, weight, norm_weight = ctx.saved_tensors
-        g = torch.cat([ctx.live_t.expand(dq, 1), ctx.rows.gather(dkv_full, 1)], -1)  # (1, n, 3C)
+        g = torch.cat([ctx.live_t.expand(dq, 1), ctx.rows.gather(dkv_full, 1)], -1)  # (1, n, C + 2K)
         dh, dw, db = _linear_grads(ctx, h, weight, g, ctx.rows.expand(g, 1))
         dx, dnw = _norm_weight_grads(ctx, dh, x_hat, norm_weight)
         return dx, dnw, dw, db, None, None, None, None
@@ -278,10 +280,11 @@ def attention(q_full: Tensor, k: Tensor, v: Tensor, mask: Tensor, calls) -> Tens
     """Document-causal attention (1,H,N,D) of queries at all N positions (zeros where pruned).
 
     calls: `with_masks(attention_calls(...))` for the CPU kernel; None runs the unpruned
-    kernel on every row and key (elsewhere than on CPU, or where calibration says so)."""
+    kernel on every row and key (elsewhere than on CPU, or where calibration says so). k and v
+    may have fewer heads than q (grouped-query attention): both kernels group them as the model's."""
     if calls is not None and q_full.device.type == "cpu":
         return _Attention.apply(q_full, k, v, mask, calls)
-    return F.scaled_dot_product_attention(q_full, k, v, attn_mask=mask)
+    return F.scaled_dot_product_attention(q_full, k, v, attn_mask=mask, enable_gqa=k.shape[1] != q_full.shape[1])
 
 
 class _Expand(torch.autograd.Function):
@@ -300,6 +303,7 @@ class _Expand(torch.autograd.Function):
 # ----------------------------------------------------------------------------- the steps
 
 def _heads(x: Tensor, H: int) -> Tensor:
+    """(B, T, H*D) -> (B, H, T, D): H query heads, or key/value heads."""
     B, T, C = x.shape
     return x.view(B, T, H, C // H).transpose(1, 2)
 
@@ -324,7 +328,7 @@ def pruned_loss(model: GPT, p: Plan, ran: dict | None = None) -> Tensor:
     """
     check_prunable(model)
     cfg = model.cfg
-    C, H, N = cfg.dim, cfg.n_heads, p.positions
+    C, H, KV, N = cfg.dim, cfg.n_heads, cfg.n_kv_heads, p.positions
     dt = model.embed.weight.dtype
     live = Rows(p.live, N, "live", p.blocks, dt)
     tgt = Rows(p.target, N, "target", p.blocks, dt)
@@ -339,12 +343,12 @@ def pruned_loss(model: GPT, p: Plan, ran: dict | None = None) -> Tensor:
     x = F.embedding(p.idx, model.embed.weight)[None]  # (1, n, C); rule A: only the live tokens
     for block in model.blocks[:-1]:
         a, mlp = block.attn, block.mlp
-        q, k, v = linear(x, a.qkv, live, norm=block.norm1, to_all=True).chunk(3, dim=-1)  # (1, N, C) each
+        q, k, v = a.split(linear(x, a.qkv, live, norm=block.norm1, to_all=True))  # (1, N, C), (1, N, K) twice
         q = apply_rope(_heads(q, H), cos, sin)
-        k = apply_rope(_heads(k, H), cos, sin)
-        y = attention(q, k, _heads(v, H), full, calls["live"])  # (1, H, N, D)
+        k = apply_rope(_heads(k, KV), cos, sin)
+        y = attention(q, k, _heads(v, KV), full, calls["live"])  # (1, H, N, D)
         x = x + linear(_merge(y), a.proj, live, gather_in=True)
-        x = x + linear(F.gelu(linear(x, mlp.fc, live, norm=block.norm2)), mlp.proj, live)
+        x = x + linear(mlp.act(linear(x, mlp.fc, live, norm=block.norm2)), mlp.proj, live)
 
     # rule B: the last block's keys and values for every live row, everything else for T
     block, t = model.blocks[-1], p.target_in_live
@@ -353,10 +357,10 @@ def pruned_loss(model: GPT, p: Plan, ran: dict | None = None) -> Tensor:
     q, kv = _LastQKV.apply(x_hat, block.norm1.weight, a.qkv.weight, a.qkv.bias, t, live, live_t, tgt)
     k, v = kv.chunk(2, dim=-1)
     q = apply_rope(_heads(q, H), cos[:, p.target], sin[:, p.target])
-    k = apply_rope(_heads(k, H), cos, sin)
-    y = attention(_Expand.apply(q, tgt, 2), k, _heads(v, H), full, calls["target"])  # (1, H, N, D)
+    k = apply_rope(_heads(k, KV), cos, sin)
+    y = attention(_Expand.apply(q, tgt, 2), k, _heads(v, KV), full, calls["target"])  # (1, H, N, D)
     x = x.index_select(1, t) + linear(_merge(y), a.proj, tgt, gather_in=True)  # (1, t, C)
-    x = x + linear(F.gelu(linear(x, mlp.fc, tgt, norm=block.norm2)), mlp.proj, tgt)
+    x = x + linear(mlp.act(linear(x, mlp.fc, tgt, norm=block.norm2)), mlp.proj, tgt)
     logits = linear(x[0], model.head, tgt, norm=model.norm)  # (t, vocab)
     if ran is not None:  # what ran: rows through the blocks and the head, pairs scored by the last attention
         ran.update(live=len(p.live), kept=logits.shape[0], projected=int(mask[0, 0, p.target].sum()))

@@ -160,7 +160,7 @@ def pruned_loss(model: GPT, p: Plan, ran: dict | None = None) -> Tensor:
     x = model.embed(p.idx[None])  # (1, n, C): rule A, only the live tokens
     for block in model.blocks[:-1]:
         a = block.attn
-        q, k, v = a.qkv(block.norm1(x)).chunk(3, dim=-1)
+        q, k, v = a.split(a.qkv(block.norm1(x)))
         q, k = apply_rope(a.heads(q), cos, sin), apply_rope(a.heads(k), cos, sin)
         x = x + a.proj(segment_attention(q, k, a.heads(v), p.segments, p.segments, masks))
         x = x + block.mlp(block.norm2(x))
@@ -168,8 +168,8 @@ def pruned_loss(model: GPT, p: Plan, ran: dict | None = None) -> Tensor:
     block = model.blocks[-1]  # rule B: keys and values on n rows, the rest on T
     a, w, b = block.attn, block.attn.qkv.weight, block.attn.qkv.bias
     h = block.norm1(x)
-    q = F.linear(h[:, t], w[:C], b[:C])  # (1, t, C)
-    k, v = F.linear(h, w[C:], b[C:]).chunk(2, dim=-1)  # (1, n, C) each
+    q = F.linear(h[:, t], w[:C], None if b is None else b[:C])  # (1, t, C)
+    k, v = F.linear(h, w[C:], None if b is None else b[C:]).chunk(2, dim=-1)  # (1, n, K) each, K = kv_heads*D
     q = apply_rope(a.heads(q), cos[:, t], sin[:, t])
     k = apply_rope(a.heads(k), cos, sin)
     x = x[:, t] + a.proj(segment_attention(q, k, a.heads(v), p.target_segments, p.segments, t_masks))  # (1, t, C)
@@ -182,12 +182,14 @@ def pruned_loss(model: GPT, p: Plan, ran: dict | None = None) -> Tensor:
 
 
 def segment_attention(q: Tensor, k: Tensor, v: Tensor, q_segments: list, k_segments: list, masks: list) -> Tensor:
-    """Document-causal attention run segment by segment: (1, H, rows, D) queries and keys, the
-    queries of q_segments[i] against the keys of k_segments[i] under masks[i]; (1, rows, H*D) out.
+    """Document-causal attention run segment by segment: (1, H, rows, D) queries, (1, KV, rows, D)
+    keys and values (KV < H: grouped-query attention, as the model's), the queries of q_segments[i]
+    against the keys of k_segments[i] under masks[i]; (1, rows, H*D) out.
 
     No query sees a key outside its segment (segments are whole documents), so the pairs skipped
     are pairs the mask hides: SDPA's own kernel (with its backward) on each block of the diagonal."""
-    ys = [F.scaled_dot_product_attention(q[:, :, a:b], k[:, :, s:e], v[:, :, s:e], attn_mask=m)
+    gqa = k.shape[1] != q.shape[1]
+    ys = [F.scaled_dot_product_attention(q[:, :, a:b], k[:, :, s:e], v[:, :, s:e], attn_mask=m, enable_gqa=gqa)
           for (a, b), (s, e), m in zip(q_segments, k_segments, masks) if b > a]
     y = torch.cat(ys, dim=2)  # (1, H, rows, D)
     B, H, T, D = y.shape
@@ -209,18 +211,23 @@ def _attention_flops(queries: int, keys: int, dim: int) -> int:
 def plan_flops(cfg, p: Plan) -> dict:
     """Forward + backward FLOPs the rules promise: the unpruned step on N rows, the pruned on n and t.
 
-    cfg: the ModelConfig. GEMMs and attention, counted as torch.utils.flop_counter counts them."""
-    C, M, V, L = cfg.dim, cfg.mlp_mult * cfg.dim, cfg.vocab, cfg.n_blocks
+    cfg: the ModelConfig. GEMMs and attention, counted as torch.utils.flop_counter counts them:
+    grouped-query attention scores every query head (K: the key and value widths), swiglu's fc
+    is dim -> 2M."""
+    C, M, V, L = cfg.dim, cfg.mlp_width, cfg.vocab, cfg.n_blocks
+    K, Fc = cfg.n_kv_heads * (C // cfg.n_heads), 2 * M if cfg.mlp == "swiglu" else M
     N, n, t = p.positions, len(p.live), len(p.target)
 
+    def mlp(rows):
+        return _linear_flops(rows, C, Fc) + _linear_flops(rows, M, C)
+
     def linears(rows):
-        return (_linear_flops(rows, C, 3 * C) + _linear_flops(rows, C, C) + _linear_flops(rows, C, M)
-                + _linear_flops(rows, M, C))
+        return _linear_flops(rows, C, C + 2 * K) + _linear_flops(rows, C, C) + mlp(rows)
 
     base = L * (linears(N) + _attention_flops(N, N, C)) + _linear_flops(N, C, V)
     attention = sum(_attention_flops(e - s, e - s, C) for s, e in p.segments)
     last_attention = sum(_attention_flops(b - a, e - s, C) for (a, b), (s, e) in zip(p.target_segments, p.segments)
                          if b > a)
-    last = (_linear_flops(n, C, 2 * C) + _linear_flops(t, C, C) + last_attention + _linear_flops(t, C, C)
-            + _linear_flops(t, C, M) + _linear_flops(t, M, C) + _linear_flops(t, C, V))
+    last = (_linear_flops(n, C, 2 * K) + _linear_flops(t, C, C) + last_attention + _linear_flops(t, C, C)
+            + mlp(t) + _linear_flops(t, C, V))
     return {"base": base, "pruned": (L - 1) * (linears(n) + attention) + last}

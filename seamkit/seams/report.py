@@ -121,7 +121,8 @@ def build_report(cfg: RunConfig, results: dict, interrupted: bool = False, isola
     m = cfg.model
     return {
         "config": {"vocab": m.vocab, "dim": m.dim, "n_blocks": m.n_blocks, "n_heads": m.n_heads, "seq": m.seq,
-                   "mlp_mult": m.mlp_mult},
+                   "mlp_mult": m.mlp_mult, "mlp": m.mlp, "mlp_hidden": m.mlp_width, "kv_heads": m.n_kv_heads,
+                   "bias": m.bias},  # the block's shape, defaults resolved (model.mlp_width, .n_kv_heads)
         "batch": cfg.data.batch,
         "budget_seconds": float(cfg.train.budget_seconds),
         "device": device.type,

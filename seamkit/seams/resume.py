@@ -28,7 +28,7 @@ import json
 from pathlib import Path
 
 from seamkit import checkpoint
-from seamkit.config import RunConfig, SeamkitError, upgrade
+from seamkit.config import RunConfig, SeamkitError, tokenizer_sha256, upgrade
 from seamkit.report import atomic_file
 from seamkit.seams.result import ArmResult
 
@@ -50,13 +50,18 @@ def _flat(d: dict, prefix: str = "") -> dict:
     return out
 
 
-def check_config(saved: dict, cfg: RunConfig, path) -> None:
-    """Refuse a resume under another config than the run's, naming the first differing field."""
+def check_config(saved: dict, cfg: RunConfig, path, saved_sha256: str | None = None) -> None:
+    """Refuse a resume under another config than the run's, naming the first differing field, or
+    under another file of the same hf: tokenizer (`saved_sha256`, where the run kept one)."""
     have, want = _flat(upgrade(saved)), _flat(cfg.to_dict())
     for key in sorted(set(have) | set(want)):
         if key not in IGNORED and have.get(key) != want.get(key):
             raise ResumeError(f"cannot resume from {path}: it was run with {key}={have.get(key)!r}, this command "
                               f"asks for {want.get(key)!r}; resume with the run's --preset and --set")
+    now = tokenizer_sha256(cfg.data.tokenizer)
+    if saved_sha256 and now != saved_sha256:
+        raise ResumeError(f"cannot resume from {path}: the tokenizer file of data.tokenizer={cfg.data.tokenizer} "
+                          f"has changed since the run started (sha256 {saved_sha256[:12]}..., now {now[:12]}...)")
 
 
 def started_threads(paths) -> int:
@@ -99,7 +104,7 @@ def peek(path, cfg: RunConfig, arm: str) -> str:
         raise ResumeError(f"cannot resume from {path}: it is a checkpoint of arm {extra.get('arm')!r}, not {arm!r}")
     if not isinstance(extra.get("resume"), dict):
         raise ResumeError(f"cannot resume from {path}: it holds no resume state (written by an older seamkit)")
-    check_config(ckpt["config"], cfg, path)
+    check_config(ckpt["config"], cfg, path, ckpt.get("tokenizer_sha256"))
     return extra.get("status", "running")
 
 
@@ -123,7 +128,8 @@ def save_study(out_path, cfg: RunConfig, runs: list[dict], placement: dict | Non
     views), and where the arms run (`placement`: the report's block), so a resumed study keeps it."""
     plain = [{**r, "results": {a: x.to_dict() for a, x in r["results"].items()}} for r in runs]
     with atomic_file(study_state_path(out_path), "w") as f:
-        json.dump({"config": cfg.to_dict(), "runs": plain, "placement": placement}, f)
+        json.dump({"config": cfg.to_dict(), "tokenizer_sha256": tokenizer_sha256(cfg.data.tokenizer), "runs": plain,
+                   "placement": placement}, f)
 
 
 def saved_placement(out_path) -> dict | None:
@@ -159,11 +165,11 @@ def load_study(out_path, cfg: RunConfig) -> list[dict]:
         return []
     try:
         state = json.loads(path.read_text())
-        saved = state["config"]
+        saved, saved_sha256 = state["config"], state.get("tokenizer_sha256")
         runs = [{**r, "results": {a: ArmResult.from_dict(x) for a, x in r["results"].items()}} for r in state["runs"]]
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise ResumeError(f"cannot resume {out_path}: {path} is corrupt ({type(e).__name__})") from None
-    check_config(saved, cfg, path)
+    check_config(saved, cfg, path, saved_sha256)
     return runs
 
 

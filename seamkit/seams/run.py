@@ -14,6 +14,8 @@ from seamkit.report import provenance, write_json
 from seamkit.seams import resume as R
 from seamkit.seams.arm import ArmSpec, run_arm
 from seamkit.threads import resolve_threads
+from seamkit.tracking import check as check_trackers
+from seamkit.tracking import tracked
 
 
 def train_run(cfg: RunConfig, out_dir, callback: Callable[[dict], None] | None = None,
@@ -22,13 +24,16 @@ def train_run(cfg: RunConfig, out_dir, callback: Callable[[dict], None] | None =
 
     `resume`: continue the run that out_dir/checkpoint.pt stopped (`seams.resume`). One run writes
     `out_dir` at a time (`seamkit.lock`). Ctrl-C or SIGTERM stops between steps (a second one at
-    once), so the checkpoint it leaves can be resumed.
+    once), so the checkpoint it leaves can be resumed. `train.log_to`: the curves also go to
+    out_dir/runs/<out_dir's name>/e2e-seed<N> (`seamkit.tracking`).
     `summary["wall_clock_dependent"]`: the clock set an LR or ended the run (`seamkit.loop`), so
     the same command ends on another checkpoint; False: the checkpoint is a function of the config.
     """
     out_dir = Path(out_dir)
-    with held(out_dir / ".lock", f"run {out_dir}"), interrupts() as it:
-        return _train(cfg, out_dir, callback, progress, resume, it)
+    check_trackers(cfg)  # train.log_to without its package: one line before anything starts
+    with held(out_dir / ".lock", f"run {out_dir}"), interrupts() as it, \
+            tracked(cfg, out_dir / "runs", out_dir.resolve().name, resume) as tracker:
+        return _train(cfg, out_dir, fanout(tracker, callback), progress, resume, it)
 
 
 def _train(cfg: RunConfig, out_dir: Path, callback, progress: bool, resume: bool, it) -> dict:

@@ -55,6 +55,8 @@ from seamkit.seams.processes import run_arms
 from seamkit.seams.report import study_report
 from seamkit.stats import held_out_time_to_target
 from seamkit.threads import resolve_threads
+from seamkit.tracking import check as check_trackers
+from seamkit.tracking import runs_dir, tracked
 
 
 def equal_token_marks(snapshots: dict, steps: dict, marks: int) -> list[int]:
@@ -138,9 +140,11 @@ def seams_study(cfg: RunConfig, out_path, callback: Callable[[dict], None] | Non
     naming the phase and the signal, which `resume` continues.
     """
     out_path = Path(out_path)
+    check_trackers(cfg)  # train.log_to without its package: one line before anything starts
     remove_orphans()  # what launchers killed outright left in the temporary directory
-    with held(lock_path(out_path), f"study {out_path}"), interrupts() as it:
-        return _study(cfg, out_path, callback, progress, isolate, resume, it)
+    with held(lock_path(out_path), f"study {out_path}"), interrupts() as it, \
+            tracked(cfg, runs_dir(out_path), out_path.stem, resume) as tracker:
+        return _study(cfg, out_path, fanout(tracker, callback), progress, isolate, resume, it)
 
 
 def _study(cfg: RunConfig, out_path: Path, callback, progress: bool, isolate: bool, resume: bool,
@@ -249,6 +253,10 @@ def _repeats(cfg: RunConfig, corpus, out_path: Path, ckpts: list[dict], kept: li
             try:
                 it.enter("evaluation")
                 views = held_out_views(c, corpus, results)
+                for row in views["equal_tokens"]:  # each arm's held-out curve, for the callback's trackers
+                    for a in cfg.seams.arm_names:
+                        cb({"kind": "held_out", "arm": a, "step": row["step"], "tokens": row["tokens"],
+                            "loss": row[a]["loss"], "stderr": row[a]["stderr"]})
             except KeyboardInterrupt:
                 interrupted = True
         if not interrupted:

@@ -12,20 +12,28 @@ import itertools
 import plotly.graph_objects as go
 
 from seamkit.stats import stats
+from seamkit.ui.plots import SEAMS_ARM_COLORS
 
-# figure name -> (title, y-axis title, [(key figure, label)], study)
+# figure name -> (title, y-axis title, [(key figure, label)], study); a sweep without the delayed
+# arm has no delayed_* figures, and its figures leave them out
 FIGURES = {
     "final_loss": ("final held-out loss", "loss (nats/token)",
-                   [("local_final_loss", "local"), ("e2e_final_loss", "e2e")], "seams"),
-    "speed": ("local/e2e tokens per second", "local / e2e", [("local_over_e2e_tokens_per_s", "local/e2e")], "seams"),
+                   [("local_final_loss", "local"), ("e2e_final_loss", "e2e"), ("delayed_final_loss", "delayed")],
+                   "seams"),
+    "speed": ("tokens per second relative to e2e", "arm / e2e",
+              [("local_over_e2e_tokens_per_s", "local/e2e"), ("delayed_over_e2e_tokens_per_s", "delayed/e2e")],
+              "seams"),
     "train_curve_time_to_target": ("seconds of training for the training-loss curve to reach the target",
                                    "seconds", [("local_train_curve_time_to_target_s", "local"),
-                                               ("e2e_train_curve_time_to_target_s", "e2e")], "seams"),
-    "memory": ("local/e2e peak memory", "local / e2e", [("local_over_e2e_peak_memory", "local/e2e")], "seams"),
+                                               ("e2e_train_curve_time_to_target_s", "e2e"),
+                                               ("delayed_train_curve_time_to_target_s", "delayed")], "seams"),
+    "memory": ("peak memory relative to e2e", "arm / e2e", [("local_over_e2e_peak_memory", "local/e2e"),
+                                                       ("delayed_over_e2e_peak_memory", "delayed/e2e")], "seams"),
     "speedup": ("prune_exact / base words per second", "speed-up", [("speedup", "measured")], "pruning"),
     "pruning_memory": ("prune_exact / base memory", "ratio", [("memory_ratio", "allocated")], "pruning"),
 }
-DASH = {"e2e": "dash"}  # e2e dashed, local solid; one color per series (combination of the other keys)
+DASH = {"e2e": "dash"}  # e2e dashed, the other arms solid
+# one color per series (combination of the other keys); with one series, each arm its own color
 COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22"]
 
 
@@ -74,7 +82,8 @@ def metric_figure(sweep: dict, name: str, x: str, series: list[str] | None = Non
             fig.add_trace(go.Scatter(
                 x=[p[0] for p in pts], y=[p[1] for p in pts], mode="lines+markers",
                 name=f"{label} ({tag})" if tag else label,
-                line={"dash": DASH.get(label, "solid"), "color": COLORS[(ci if len(combos) > 1 else mi) % len(COLORS)]},
+                line={"dash": DASH.get(label, "solid"),
+                      "color": COLORS[ci % len(COLORS)] if len(combos) > 1 else _arm_color(label, mi)},
                 error_y={"type": "data", "array": [p[2] for p in pts], "arrayminus": [p[3] for p in pts],
                          "visible": True},
                 customdata=[p[4] for p in pts], hovertemplate="%{x}: %{y:.4g} (n=%{customdata})"))
@@ -87,6 +96,11 @@ def metric_figure(sweep: dict, name: str, x: str, series: list[str] | None = Non
     else:
         fig.update_xaxes(type="category")
     return fig
+
+
+def _arm_color(label: str, i: int) -> str:
+    """The arm's color in every seams figure ("local/e2e" is local's), else the i-th color."""
+    return SEAMS_ARM_COLORS.get(label.split("/")[0], COLORS[i % len(COLORS)])
 
 
 def sweep_figures(sweep: dict) -> dict[str, go.Figure]:

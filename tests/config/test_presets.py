@@ -24,4 +24,4 @@ def test_unknown_preset():
     with pytest.raises(C.ConfigError, match="unknown preset"):
         C.preset("huge")
     assert dataclasses.is_dataclass(C.preset("tiny"))
-    assert set(C.PRESETS) == {"seed", "cpu", "tiny"} and all(C.preset(n) == f() for n, f in C.PRESETS.items())
+    assert set(C.PRESETS) == {"seed", "cpu", "tiny", "llama"} and all(C.preset(n) == f() for n, f in C.PRESETS.items())
