@@ -264,7 +264,11 @@ def test_multi_process_arms_take_turns_that_never_overlap(stopped):
     two = stopped["whole"]
     assert two["order"] == "interleaved" and two["arm_isolation"] == "process"
     raw = {a: two["repeats"][0]["arms"][a]["slices_raw"] for a in ARMS}
-    assert all(two["arms"][a]["slices"]["n"] >= 2 for a in ARMS), {a: len(v) for a, v in raw.items()}
+    # an arm gets more than one turn unless it trained all its steps within its first (the
+    # fastest arm can, on a fast host); the turn-taking itself needs at least one arm to come back
+    for a in ARMS:
+        assert len(raw[a]) >= 2 or [s["steps"] for s in raw[a]] == [STEPS], (a, raw[a])
+    assert max(len(v) for v in raw.values()) >= 2, {a: len(v) for a, v in raw.items()}
     walls = sorted((s["wall_start"], s["wall_end"], a) for a in ARMS for s in raw[a])
     assert all(x[1] <= y[0] for x, y in itertools.pairwise(walls)), walls  # one arm trains at a time
     assert len({a for _, _, a in walls[:3]}) == 3  # and they take turns
