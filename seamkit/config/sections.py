@@ -192,6 +192,13 @@ class SeamsConfig:
     # gradient comes tau steps late runs at lr / tau**p, p falling linearly from 1 at step 0 to 0 at
     # this step; 0: off (every segment at lr)
     lr_delay_steps: int = ranged(0, ge=0)
+    # delayed arm, weight prediction: a segment tau steps late extrapolates its weights along v, an
+    # average of its last updates (v <- decay*v + (1-decay)*update), by this fraction of tau steps:
+    # with stashing its forward runs at w + s*tau*v, the weights its gradient will be applied to
+    # (Chen et al. 2018, SpecTrain); without, its late backward at w - s*tau*v, the weights its
+    # forward ran at (PipeMare's discrepancy correction). 0: off; 1: the full tau steps
+    weight_prediction: float = ranged(0.0, ge=0, le=4)
+    prediction_decay: float = ranged(0.9, ge=0, lt=1)
     arms: str = "e2e,local"  # the study's arms: a comma list of distinct names from e2e, local, delayed (e2e always)
 
     def __post_init__(self):

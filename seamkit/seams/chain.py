@@ -9,7 +9,8 @@ Step t (`Chain.step`) on batch t:
 - forward: each held segment runs from its input detached at the seam (the previous segment's
   output, or the previous rank's, received) and hands its output on (to the next rank, sent, at
   the last held segment). A segment whose gradient comes late keeps its input, and with weight
-  stashing its forward's graph over a copy of the weights it used (`inflight`);
+  stashing its forward's graph over a copy of the weights it used (`inflight`), or over its
+  weights predicted ahead to where its gradient will land (`corrections`);
 - its loss: the LM loss on the last segment; a non-final one's local objective where the policy
   has one (`objectives.local_loss`);
 - what comes back across a seam (the policy): for local, nothing, and each segment
@@ -44,6 +45,7 @@ from seamkit.seams import update as U
 from seamkit.seams.cuts import segment_params
 from seamkit.seams.objectives import local_loss, private_modules
 from seamkit.seams.policy import policy
+from seamkit.seams.corrections import Prediction, rescale_lr
 
 
 class Alone:
@@ -107,12 +109,14 @@ class Chain:
         self.slots = {k: [order.index(n) for n in names[k]] for k in self.mine}
         self.head_slot = {k: head_at[k] for k in self.mine if k in head_at}
         # per-tensor updates (AdamW elementwise, Muon a matrix at a time): a share updates as the whole does.
-        # PipeMare's rescheduling gives each held segment its own groups, at an LR of its own (`_rescale`)
+        # PipeMare's rescheduling gives each held segment its own groups, at an LR of its own (`corrections`)
         self.lr_delay_steps = cfg.seams.lr_delay_steps if self.policy.arm == "delayed" and self.policy.delay else 0
         parts = [[p for _, p in self.owned[k]] for k in self.mine] if self.lr_delay_steps else None
         self.opt = make_optimizer(self.model, cfg.train, parts)
         self.head_opt = make_optimizer(self.heads, cfg.train) if len(self.heads) else None
         self.groups = [[p for _, p in self.owned[k]] + self._head_params(k) for k in self.mine]
+        late = {k: self.delay_of(k) if self.policy.arm == "delayed" else 0 for k in self.mine}
+        self.predict = Prediction(cfg.seams.weight_prediction, cfg.seams.prediction_decay, self.owned, late)
         self.ctx = self.model.context(cfg.model.seq, device, self.dtype)  # RoPE tables; rows are plain causal
         self.wrappers = {k: _Segment(self, k) for k in self.mine}
         self.t, self.peak_kept_bytes, self.log = 0, 0, None  # a test sets log = []: every backward taken
@@ -172,8 +176,9 @@ class Chain:
             with torch.set_grad_enabled(not late or pol.objective is not None), self.autocast():
                 entry = None
                 if kept:
-                    entry, out = self._stash_entry(k, t, x_BT if k == 0 else h_in,
-                                                   {n: p.detach().clone().requires_grad_() for n, p in self.owned[k]})
+                    weights = self.predict.weights(k, ahead=True) or {
+                        n: p.detach().clone().requires_grad_() for n, p in self.owned[k]}
+                    entry, out = self._stash_entry(k, t, x_BT if k == 0 else h_in, weights)
                 else:
                     out = self.run(k, x_BT if k == 0 else None, h_in)
                 if k in self.poison:
@@ -253,16 +258,22 @@ class Chain:
     def _late_backward(self, k: int, entry: dict, g_BTC: torch.Tensor) -> torch.Tensor | None:
         """Segment k's backward of a kept batch: through its kept graph (stashed weights), or through
         its forward run again on the kept input under the current weights (which batch t's forward
-        did not use); the weight gradients go into the live parameters. Returns the input-gradient."""
+        did not use) or under those predicted back to it (`corrections`); the weight gradients go into
+        the live parameters. Returns the input-gradient."""
         first, names = k == 0, [n for n, _ in self.owned[k]]
         if entry["weights"] is not None:
             out, h_BTC = entry["out"], entry["input"]
             leaves = [entry["weights"][n] for n in names]
         else:
             x_BT, h_BTC = (entry["input"], None) if first else (None, entry["input"].requires_grad_())
-            leaves = [p for _, p in self.owned[k]]
+            back = self.predict.weights(k, ahead=False)
             with self.autocast():
-                out = self.run(k, x_BT, h_BTC)
+                if back is None:
+                    leaves, out = [p for _, p in self.owned[k]], self.run(k, x_BT, h_BTC)
+                else:
+                    leaves = list(back.values())
+                    out, _ = F.kept_forward(self.wrappers[k], {f"model.{n}": w for n, w in back.items()},
+                                            (x_BT, h_BTC))
         grads = torch.autograd.grad(out, leaves + ([] if first else [h_BTC]), g_BTC)
         for (_, p), g in zip(self.owned[k], grads):
             _accumulate(p, g)
@@ -301,22 +312,15 @@ class Chain:
             return values, broken[0]
         params = [p for o in self.opts for g in o.param_groups for p in g["params"]]
         U.clip(params, self.clip, U.global_norm(vec[:P], vec[P:2 * P]))
-        self._rescale()
+        if self.lr_delay_steps:
+            rescale_lr(self.opt, self.lr_delay_steps, self.t - 1, [self.delay_of(k) for k in self.mine])
+        before = self.predict.before_update() if self.predict else None
         U.apply(self.opts, lr)
+        if before is not None:
+            self.predict.after_update(before)
         self.link.commit_gradients(self.policy.delay)  # the sends the previous rank has taken by now
         self._peak()
         return values, None
-
-    def _rescale(self) -> None:
-        """PipeMare's learning-rate rescheduling (Yang et al., MLSys 2021; `seams.lr_delay_steps`):
-        at step t a segment whose gradient is tau steps late runs at lr / tau**p, p = 1 - t/T falling
-        to 0 at T = lr_delay_steps, so the most stale segments start slowest and all end at lr."""
-        if not self.lr_delay_steps:
-            return
-        p = max(0.0, 1.0 - (self.t - 1) / self.lr_delay_steps)
-        for g in self.opt.param_groups:
-            tau = self.delay_of(self.mine[g["segment"]])
-            g["lr_scale"] = tau ** -p if tau > 0 else 1.0
 
     # -- what is in flight
 
@@ -332,7 +336,7 @@ class Chain:
 
     def _peak(self) -> None:
         if self.policy.crosses and self.policy.delay > 0:
-            self.peak_kept_bytes = max(self.peak_kept_bytes, F.kept_bytes(
+            self.peak_kept_bytes = max(self.peak_kept_bytes, self.predict.nbytes() + F.kept_bytes(
                 self.stash.values(), self.inbox.values(), self.link.inflight()))
 
     def _record(self, k: int, batch: int, **kw) -> None:
@@ -345,7 +349,7 @@ class Chain:
     def inflight_state(self) -> dict:
         """What is in flight at this step boundary, as plain data for a checkpoint (a kept graph
         rides as its input, stashed weights and RNG state)."""
-        return {"t": self.t, "peak_kept_bytes": self.peak_kept_bytes,
+        return {"t": self.t, "peak_kept_bytes": self.peak_kept_bytes, "prediction": self.predict.state(),
                 "stash": {k: [F.entry_to_cpu(e) for e in q] for k, q in self.stash.items()},
                 "inbox": {k: [F.entry_to_cpu(e) for e in q] for k, q in self.inbox.items()}}
 
@@ -354,6 +358,7 @@ class Chain:
         weights, bit for bit the one it replaces; its input is the rebuilt output of the segment
         before where that is kept for the same batch, sharing its bytes as in a chain never stopped."""
         self.t, self.peak_kept_bytes = state["t"], state["peak_kept_bytes"]
+        self.predict.load(state.get("prediction"))
         before = {}
         for k in self.mine:
             q = deque()

@@ -5,6 +5,7 @@ counted and rebuilt from its in-flight state bit for bit. The same chain on stag
 tests/seams/test_stages.py."""
 
 import dataclasses
+import itertools
 import math
 
 import pytest
@@ -447,3 +448,88 @@ def test_pipemare_runs_each_segment_at_lr_over_its_delay_to_a_falling_power(corp
         for g in ch.opt.param_groups:
             tau = S - 1 - g["segment"]
             assert g["lr"] == (lr * tau ** -p if tau else lr), (t, g["segment"])
+
+
+# ----------------------------------------------------------------------------- weight prediction
+
+def _averages(snaps: list[dict], decay: float) -> list[dict]:
+    """v at the start of each step from the weights at each step's start: v <- decay*v + (1-decay)*update."""
+    v = {n: torch.zeros_like(w) for n, w in snaps[0].items()}
+    out = [v]
+    for old, new in itertools.pairwise(snaps):
+        v = {n: v[n].clone().mul_(decay).add_(new[n] - old[n], alpha=1.0 - decay) for n in v}
+        out.append(v)
+    return out
+
+
+@pytest.mark.parametrize("stashing", [True, False])
+def test_weight_prediction_moves_a_late_segment_along_its_updates(stashing, corpus):
+    """seams.weight_prediction=s: with stashing segment k's forward of batch b runs at
+    w_b + s*tau*v_b (so its backward, through that graph, too); without, its late backward at
+    step t at w_t - s*tau*v_t; v the average of its updates. Checked against a fresh GPT at those
+    weights, every late backward bit for bit, and told apart from the uncorrected weights.
+    Planted fault this catches: the prediction's sign (ahead or back) swapped between the modes."""
+    s, decay = 0.75, 0.5
+    cfg = _cfg(**{"seams.delay": 1, "seams.weight_stashing": stashing, "seams.weight_prediction": s,
+                  "seams.prediction_decay": decay})
+    ch = chain("delayed", cfg, corpus)
+    ch.log = []
+    snaps = []
+    train(ch, cfg, corpus, before=lambda _: snaps.append({n: p.detach().clone()
+                                                          for n, p in ch.model.state_dict().items()}))
+    v = _averages(snaps, decay)
+    late = [e for e in ch.log if "grads" in e]
+    told_apart = moving = 0
+    for e in late:
+        k, b, t = e["segment"], e["batch"], e["step"]
+        at, step = (b, s * ch.delay_of(k)) if stashing else (t, -s * ch.delay_of(k))
+        moved = {n: torch.add(w, v[at][n], alpha=step) for n, w in snaps[at].items()}
+        want = _segment_grads(cfg, moved, k, ch.segs, e["input"], e["output_grad"])
+        plain = _segment_grads(cfg, snaps[at], k, ch.segs, e["input"], e["output_grad"])
+        for n, g in e["grads"].items():
+            assert torch.equal(g, want[n]), (k, b, n)
+        told_apart += any(not torch.equal(g, plain[n]) for n, g in e["grads"].items())
+        moving += any(v[at][n].any() for n in e["grads"])
+    assert told_apart == moving > 0  # every backward once its segment has been updated
+
+
+def test_predicted_back_by_the_last_update_is_the_forward_s_weights(corpus):
+    """Without stashing, s=1 and decay 0 on a segment one step late: w_t minus the last update
+    is w_{t-1}, the weights batch t-1's forward ran at, so the late backward's weights are the
+    stashed arm's up to the rounding of one subtraction. Planted fault this catches: v averaged
+    with the decay's roles swapped (decay 0 keeping the oldest update instead of the newest)."""
+    cfg = _cfg(**{"seams.seams": "1", "seams.delay": 1, "seams.weight_stashing": False,
+                  "seams.weight_prediction": 1.0, "seams.prediction_decay": 0.0})
+    ch = chain("delayed", cfg, corpus)
+    ch.log = []
+    snaps = []
+    train(ch, cfg, corpus, before=lambda _: snaps.append({n: p.detach().clone()
+                                                          for n, p in ch.model.state_dict().items()}))
+    late = [e for e in ch.log if "grads" in e]
+    assert {ch.delay_of(e["segment"]) for e in late} == {1} and len(late) == STEPS - 1
+    for e in late[1:]:  # the first comes before any update
+        forward = _segment_grads(cfg, snaps[e["batch"]], e["segment"], ch.segs, e["input"], e["output_grad"])
+        current = _segment_grads(cfg, snaps[e["step"]], e["segment"], ch.segs, e["input"], e["output_grad"])
+        for n, g in e["grads"].items():
+            assert torch.allclose(g, forward[n], rtol=1e-4, atol=1e-6), (e["step"], n)
+        assert any(not torch.allclose(g, current[n], rtol=1e-4, atol=1e-6) for n, g in e["grads"].items())
+
+
+def test_weight_prediction_at_strength_0_is_the_uncorrected_arm(corpus):
+    """s=0 (whatever the decay): every weight and every optimizer moment equal the uncorrected
+    delayed arm's, torch.equal, and nothing is kept for it. Planted fault this catches: the
+    strength not read (every late segment predicting a full tau steps)."""
+    for stashing in (True, False):
+        base = _cfg(**{"seams.delay": 1, "seams.weight_stashing": stashing})
+        off = C.override(base, {"seams.weight_prediction": 0.0, "seams.prediction_decay": 0.3})
+        a, b = chain("delayed", base, corpus), chain("delayed", off, corpus)
+        train(a, base, corpus)
+        train(b, off, corpus)
+        assert not b.predict and b.peak_kept_bytes == a.peak_kept_bytes
+        for (n, p), (_, q) in zip(a.model.named_parameters(), b.model.named_parameters()):
+            assert torch.equal(p, q), n
+            sa, sb = a.opt.state[p], b.opt.state[q]
+            assert all(torch.equal(sa[key], sb[key]) for key in sa), n
+        on = chain("delayed", C.override(base, {"seams.weight_prediction": 0.5}), corpus)
+        train(on, base, corpus)
+        assert any(not torch.equal(p, q) for p, q in zip(a.model.parameters(), on.model.parameters()))

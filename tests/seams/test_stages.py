@@ -1,8 +1,8 @@
 """seams.stages: an arm's segment chain on the `single` placement and on 2 `stages` ranks (gloo,
 CPU, tiny preset, a seam after every block: each rank holds two segments). On stages the chain
 trains what one process trains, bit for bit, for local under every objective a stage can hold
-and for delayed with and without weight stashing (at d=0: e2e) and with PipeMare's LR
-rescheduling, under AdamW and under Muon; its traffic is the analytic
+and for delayed with and without weight stashing (at d=0: e2e), with PipeMare's LR
+rescheduling and with weight prediction, under AdamW and under Muon; its traffic is the analytic
 traffic, control messages count apart, bytes count at the wire dtype, and a failing rank ends
 the arm naming itself. On one process, an arm stopped and resumed ends as one never stopped.
 
@@ -41,6 +41,10 @@ CASES = {
     "muon_local": ("local", {"seams.objective": "aux_head", "train.optimizer": "muon"}, None),
     "pipemare": ("delayed", {"seams.delay": 1, "seams.weight_stashing": True, "seams.local_weight": 0.0,
                              "seams.lr_delay_steps": 4}, None),
+    "predict_stash": ("delayed", {"seams.delay": 1, "seams.weight_stashing": True, "seams.local_weight": 0.0,
+                                  "seams.weight_prediction": 1.0, "seams.prediction_decay": 0.5}, None),
+    "predict_current": ("delayed", {"seams.delay": 1, "seams.weight_stashing": False, "seams.local_weight": 0.0,
+                                    "seams.weight_prediction": 1.0, "seams.prediction_decay": 0.5}, None),
     "slow": ("local", {}, "0:*:slow:local"),  # rank 0 SLOW_S slower every step
     "nan_local": ("local", {"train.max_steps": 100}, "1:2:nan:local"),
     "nan_delayed1": ("delayed", {"train.max_steps": 100}, "1:2:nan:delayed"),
@@ -144,7 +148,8 @@ def test_local_with_one_seam_holds_one_segment_a_rank(runs, corpus, tmp_path):
     assert [r["boundary"] for r in m["per_boundary"]] == [0] and m["agrees"] and m["sent_equals_received"]
 
 
-@pytest.mark.parametrize("case", ["stash", "current", "d2", "muon_stash", "pipemare"])
+@pytest.mark.parametrize("case", ["stash", "current", "d2", "muon_stash", "pipemare", "predict_stash",
+                                  "predict_current"])
 def test_delayed_on_stages_trains_what_one_process_trains(case, runs, corpus, tmp_path):
     """2 ranks, 4 segments, delay d: every GPT weight and every aux head equal the one-process
     delayed arm's after STEPS steps, and so do every segment's training loss at every curve point
@@ -327,6 +332,8 @@ def test_a_killed_rank_ends_the_run_naming_it(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("arm,overrides", [
     ("delayed", {"seams.delay": 1, "seams.local_weight": 0.5}),
+    ("delayed", {"seams.delay": 1, "seams.local_weight": 0.5, "seams.weight_stashing": False,
+                 "seams.weight_prediction": 1.0}),
     ("local", {"seams.objective": "aux_block", "model.dropout": 0.1}),
     ("local", {"seams.objective": "own_head", "model.dropout": 0.1}),
 ])

@@ -329,9 +329,11 @@ def test_grid_devices_are_what_the_cli_takes(text, four_cores, tmp_path):
 
 
 def test_the_optimizer_and_the_delay_correction_are_grid_keys(tmp_path):
-    """train.optimizer and seams.lr_delay_steps sweep like any config key, each point expecting its
-    values in its report. Planted fault this catches: either refused as no config key."""
-    plan = P.make_plan("seams", {"train.optimizer": ["adamw", "muon"], "seams.lr_delay_steps": [0, 50]},
+    """train.optimizer and both delay corrections sweep like any config key, each point expecting
+    its values in its report. Planted fault this catches: one refused as no config key."""
+    plan = P.make_plan("seams", {"train.optimizer": ["adamw", "muon"], "seams.lr_delay_steps": [0, 50],
+                                 "seams.weight_prediction": [0.0, 1.0]},
                        tmp_path / "s", preset="tiny", overrides={"seams.arms": "e2e,local,delayed"})
-    assert [(p["expect"]["train.optimizer"], p["expect"]["seams.lr_delay_steps"]) for p in plan["points"]] == \
-        [("adamw", 0), ("adamw", 50), ("muon", 0), ("muon", 50)]
+    keys = ("train.optimizer", "seams.lr_delay_steps", "seams.weight_prediction")
+    assert [tuple(p["expect"][k] for k in keys) for p in plan["points"]] == \
+        [(o, t, s) for o in ("adamw", "muon") for t in (0, 50) for s in (0.0, 1.0)]
