@@ -265,6 +265,17 @@ def _segment_grads(cfg, weights, k, segs, inp, g_BTC):
     return {n: g for (n, _), g in zip(owned, grads)}
 
 
+def _logged(cfg, corpus) -> tuple[Chain, list[dict], list[dict]]:
+    """The delayed arm trained STEPS steps with every backward logged: the chain, the weights at
+    each step's start, and the late backwards (with their gradients, input and output-gradient)."""
+    ch = chain("delayed", cfg, corpus)
+    ch.log = []
+    snaps = []
+    train(ch, cfg, corpus, before=lambda _: snaps.append({n: p.detach().clone()
+                                                          for n, p in ch.model.state_dict().items()}))
+    return ch, snaps, [e for e in ch.log if "grads" in e]
+
+
 @pytest.mark.parametrize("stashing", [True, False])
 def test_a_late_backward_runs_under_the_weights_it_should(stashing, corpus):
     """With weight stashing, segment k's backward of batch b (at step b + d*(S-1-k)) uses the
@@ -272,12 +283,7 @@ def test_a_late_backward_runs_under_the_weights_it_should(stashing, corpus):
     runs. Checked against a fresh GPT holding each step's weights, and shown to tell the two
     apart. Planted fault this catches: the weight_stashing knob read inverted."""
     cfg = _cfg(**{"seams.delay": 1, "seams.weight_stashing": stashing})
-    ch = chain("delayed", cfg, corpus)
-    ch.log = []
-    snaps = []
-    train(ch, cfg, corpus, before=lambda s: snaps.append({n: p.detach().clone()
-                                                          for n, p in ch.model.state_dict().items()}))
-    late = [e for e in ch.log if "grads" in e]
+    ch, snaps, late = _logged(cfg, corpus)
     assert {e["segment"] for e in late} == {0, 1, 2}
     told_apart = 0
     for e in late:
@@ -472,13 +478,8 @@ def test_weight_prediction_moves_a_late_segment_along_its_updates(stashing, corp
     s, decay = 0.75, 0.5
     cfg = _cfg(**{"seams.delay": 1, "seams.weight_stashing": stashing, "seams.weight_prediction": s,
                   "seams.prediction_decay": decay})
-    ch = chain("delayed", cfg, corpus)
-    ch.log = []
-    snaps = []
-    train(ch, cfg, corpus, before=lambda _: snaps.append({n: p.detach().clone()
-                                                          for n, p in ch.model.state_dict().items()}))
+    ch, snaps, late = _logged(cfg, corpus)
     v = _averages(snaps, decay)
-    late = [e for e in ch.log if "grads" in e]
     told_apart = moving = 0
     for e in late:
         k, b, t = e["segment"], e["batch"], e["step"]
@@ -500,12 +501,7 @@ def test_predicted_back_by_the_last_update_is_the_forward_s_weights(corpus):
     with the decay's roles swapped (decay 0 keeping the oldest update instead of the newest)."""
     cfg = _cfg(**{"seams.seams": "1", "seams.delay": 1, "seams.weight_stashing": False,
                   "seams.weight_prediction": 1.0, "seams.prediction_decay": 0.0})
-    ch = chain("delayed", cfg, corpus)
-    ch.log = []
-    snaps = []
-    train(ch, cfg, corpus, before=lambda _: snaps.append({n: p.detach().clone()
-                                                          for n, p in ch.model.state_dict().items()}))
-    late = [e for e in ch.log if "grads" in e]
+    ch, snaps, late = _logged(cfg, corpus)
     assert {ch.delay_of(e["segment"]) for e in late} == {1} and len(late) == STEPS - 1
     for e in late[1:]:  # the first comes before any update
         forward = _segment_grads(cfg, snaps[e["batch"]], e["segment"], ch.segs, e["input"], e["output_grad"])
