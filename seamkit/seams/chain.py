@@ -42,10 +42,10 @@ from seamkit.model import GPT, autocast, lm_loss, param_dtype
 from seamkit.optim import make_optimizer
 from seamkit.seams import inflight as F
 from seamkit.seams import update as U
+from seamkit.seams.corrections import Prediction, rescale_lr
 from seamkit.seams.cuts import segment_params
 from seamkit.seams.objectives import local_loss, private_modules
 from seamkit.seams.policy import policy
-from seamkit.seams.corrections import Prediction, rescale_lr
 
 
 class Alone:
