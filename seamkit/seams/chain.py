@@ -36,6 +36,7 @@ from collections import deque
 
 import torch
 import torch.nn as nn
+from torch.func import functional_call
 
 from seamkit.config import RunConfig
 from seamkit.model import GPT, autocast, lm_loss, param_dtype
@@ -108,6 +109,8 @@ class Chain:
         self.owned = {k: [(n, params[n]) for n in names[k]] for k in self.mine}
         self.slots = {k: [order.index(n) for n in names[k]] for k in self.mine}
         self.head_slot = {k: head_at[k] for k in self.mine if k in head_at}
+        # the held segments' delays: what both corrections of the delayed arm scale by (0 for the other arms)
+        self.taus = [self.delay_of(k) if self.policy.arm == "delayed" else 0 for k in self.mine]
         # per-tensor updates (AdamW elementwise, Muon a matrix at a time): a share updates as the whole does.
         # PipeMare's rescheduling gives each held segment its own groups, at an LR of its own (`corrections`)
         self.lr_delay_steps = cfg.seams.lr_delay_steps if self.policy.arm == "delayed" and self.policy.delay else 0
@@ -115,8 +118,8 @@ class Chain:
         self.opt = make_optimizer(self.model, cfg.train, parts)
         self.head_opt = make_optimizer(self.heads, cfg.train) if len(self.heads) else None
         self.groups = [[p for _, p in self.owned[k]] + self._head_params(k) for k in self.mine]
-        late = {k: self.delay_of(k) if self.policy.arm == "delayed" else 0 for k in self.mine}
-        self.predict = Prediction(cfg.seams.weight_prediction, cfg.seams.prediction_decay, self.owned, late)
+        self.predict = Prediction(cfg.seams.weight_prediction, cfg.seams.prediction_decay, self.owned,
+                                  dict(zip(self.mine, self.taus)))
         self.ctx = self.model.context(cfg.model.seq, device, self.dtype)  # RoPE tables; rows are plain causal
         self.wrappers = {k: _Segment(self, k) for k in self.mine}
         self.t, self.peak_kept_bytes, self.log = 0, 0, None  # a test sets log = []: every backward taken
@@ -272,8 +275,8 @@ class Chain:
                     leaves, out = [p for _, p in self.owned[k]], self.run(k, x_BT, h_BTC)
                 else:
                     leaves = list(back.values())
-                    out, _ = F.kept_forward(self.wrappers[k], {f"model.{n}": w for n, w in back.items()},
-                                            (x_BT, h_BTC))
+                    out = functional_call(self.wrappers[k], {f"model.{n}": w for n, w in back.items()},
+                                          (x_BT, h_BTC))
         grads = torch.autograd.grad(out, leaves + ([] if first else [h_BTC]), g_BTC)
         for (_, p), g in zip(self.owned[k], grads):
             _accumulate(p, g)
@@ -313,7 +316,7 @@ class Chain:
         params = [p for o in self.opts for g in o.param_groups for p in g["params"]]
         U.clip(params, self.clip, U.global_norm(vec[:P], vec[P:2 * P]))
         if self.lr_delay_steps:
-            rescale_lr(self.opt, self.lr_delay_steps, self.t - 1, [self.delay_of(k) for k in self.mine])
+            rescale_lr(self.opt, self.lr_delay_steps, self.t - 1, self.taus)
         before = self.predict.before_update() if self.predict else None
         U.apply(self.opts, lr)
         if before is not None:
