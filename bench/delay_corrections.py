@@ -7,8 +7,9 @@ budget per arm (equal wall-clock), on `--devices` devices, every arm on its fast
   own_head+d2:           local own_head, delayed d=2;
   aux_head+d1+pipemare:  local aux_head, delayed d=1 with PipeMare's LR rescheduling (lr_delay_steps=100);
   own_head+d1+predict:   local own_head, delayed d=1 with weight prediction (weight_prediction=1);
-the delayed arm with weight stashing throughout. The default plan runs all four under AdamW and
-the first two under Muon; a study's local arm is repeated across studies with its own e2e.
+  d1+feedback:           delayed d=1 with error feedback (error_feedback=0.5), against e2e alone;
+the delayed arm with weight stashing throughout. The default plan runs the first four under AdamW
+and the first two under Muon; a study's local arm is repeated across studies with its own e2e.
 Per arm, from the study's paired aggregate: the gap to e2e's held-out loss at equal wall-clock
 and at equal tokens, and the time-to-target ratio, each with its t-interval over the seeds.
 The results file is rewritten after every study, so a stopped run keeps what it measured.
@@ -36,8 +37,10 @@ STUDIES = {
     "own_head+d2": {**ARMS, "seams.objective": "own_head", "seams.delay": 2},
     "aux_head+d1+pipemare": {**ARMS, "seams.objective": "aux_head", "seams.delay": 1, "seams.lr_delay_steps": 100},
     "own_head+d1+predict": {**ARMS, "seams.objective": "own_head", "seams.delay": 1, "seams.weight_prediction": 1.0},
+    "d1+feedback": {**ARMS, "seams.arms": "e2e,delayed", "seams.delay": 1, "seams.error_feedback": 0.5},
 }
-CORRECTION = {"seams.lr_delay_steps": " + PipeMare LR", "seams.weight_prediction": " + weight prediction"}
+CORRECTION = {"seams.lr_delay_steps": " + PipeMare LR", "seams.weight_prediction": " + weight prediction",
+              "seams.error_feedback": " + error feedback"}
 PLAN = ("adamw:aux_head+d1,adamw:own_head+d2,adamw:aux_head+d1+pipemare,adamw:own_head+d1+predict,"
         "muon:aux_head+d1,muon:own_head+d2")
 MEASURES = {"loss_gap": "loss_gap_{a}_minus_e2e", "equal_tokens_gap": "equal_tokens_gap_{a}_minus_e2e",

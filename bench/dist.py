@@ -146,7 +146,7 @@ def dry_run(base: C.RunConfig, stages: list[int], schedules: list[str], device: 
                 print(f"# {what}: skipped: {e}")
                 continue
             name = f"s{S}_{arm}_{str(p).replace(':', '_')}"
-            cmd = (f"torchrun --nproc-per-node {S} -m seamkit.seams.launch --preset {base.preset} --arm {arm} "
+            cmd = (f"torchrun --nproc-per-node {S} -m seamkit.seams.torchrun --preset {base.preset} --arm {arm} "
                    f"--placement {p} --set train.device={device} --set data.batch={base.data.batch} "
                    f"--threads {base.train.threads} --budget {base.train.budget_seconds:g} "
                    f"--out runs/bench_dist/{name}.json")

@@ -1,4 +1,4 @@
-"""The `seamkit` command and the torchrun entry of one arm (`python -m seamkit.seams.launch`): user
+"""The `seamkit` command and the torchrun entry of one arm (`python -m seamkit.seams.torchrun`): user
 errors are one line (a bad value, a flag's choice, a number that is not one, an output that
 cannot be written, more devices than cores), found before any work."""
 
@@ -17,12 +17,12 @@ from seamkit import cli
 from seamkit import config as C
 from seamkit.cli import main
 from seamkit.model import GPT
-from seamkit.seams import launch
+from seamkit.seams import torchrun
 from seamkit.threads import usable_cores
 from tests.config.test_fields import BAD, FLOATS
 from tests.conftest import REFERENCE
 
-LAUNCH = "torchrun ... -m seamkit.seams.launch"
+LAUNCH = "torchrun ... -m seamkit.seams.torchrun"
 
 
 def test_info_seed_matches_reference_bytes(capsys):
@@ -92,7 +92,7 @@ def _launch_main(argv, monkeypatch) -> int:
     monkeypatch.setattr(os, "_exit", exit_)
     previous = signal.getsignal(signal.SIGINT)
     try:
-        launch.main(argv)
+        torchrun.main(argv)
     except SystemExit as e:
         return e.code
     finally:
@@ -117,8 +117,8 @@ def test_budget_flag_refuses_what_never_ends(entry, value, tmp_path, capsys, mon
 def test_the_launch_entry_outside_torchrun_is_one_line(monkeypatch, capsys):
     """Planted fault this catches: the entry waiting for a rendezvous that never comes."""
     monkeypatch.delenv("RANK", raising=False)
-    assert launch.main(["--preset", "tiny"]) == 2
-    assert one_line(capsys).startswith("seamkit.seams.launch: error: run it under torchrun")
+    assert torchrun.main(["--preset", "tiny"]) == 2
+    assert one_line(capsys).startswith("seamkit.seams.torchrun: error: run it under torchrun")
 
 
 def test_the_float_fields_the_walk_finds():
@@ -128,7 +128,7 @@ def test_the_float_fields_the_walk_finds():
 
 # ----------------------------------------------------------------------------- every flag with a choice list
 
-PARSERS = {"seamkit": (cli.parser, main), LAUNCH: (launch.parser, launch.main)}
+PARSERS = {"seamkit": (cli.parser, main), LAUNCH: (torchrun.parser, torchrun.main)}
 
 
 def _actions(ap: argparse.ArgumentParser, path: tuple = ()):

@@ -4,6 +4,7 @@ one override function.
 - `fields`: the errors a user can act on, ranges declared with each numeric field, one validator;
 - `parse`: the strings a user types as typed values (seams as block lists, arms, placements);
 - `sections`: the dataclasses, each field's default, range and meaning where it is declared;
+- `tokenizer_names`: what a `data.tokenizer` name means (hf:PATH: its file read and checked);
 - `presets`: seed (the reference run), cpu (the 2-core default), llama (cpu with a Llama block), tiny (tests);
 - `overrides`: `override` (CLI, papermill, widgets, sweeps), `from_dict` and `upgrade` for saved
   configs, the one-line argument parser.
@@ -41,7 +42,6 @@ from seamkit.config.sections import (
     OBJECTIVES,
     OPTIMIZERS,
     ORDERS,
-    TOKENIZERS,
     DataConfig,
     ModelConfig,
     PruneConfig,
@@ -49,9 +49,8 @@ from seamkit.config.sections import (
     SeamsConfig,
     TrainConfig,
     check_policy,
-    tokenizer_sha256,
-    tokenizer_vocab,
 )
+from seamkit.config.tokenizer_names import TOKENIZERS, tokenizer_sha256, tokenizer_vocab
 from seamkit.seams.policy import ARMS
 
 __all__ = ["ARMS", "CALIBRATIONS", "ConfigError", "DTYPES", "DataConfig", "IN_FLIGHT_MAX", "KINDS", "LR_SCHEDULES", "ModelConfig",

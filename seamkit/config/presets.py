@@ -7,7 +7,8 @@ from __future__ import annotations
 import dataclasses
 
 from seamkit.config.fields import ConfigError
-from seamkit.config.sections import ModelConfig, RunConfig, tokenizer_vocab
+from seamkit.config.sections import ModelConfig, RunConfig
+from seamkit.config.tokenizer_names import tokenizer_vocab
 
 
 def seed() -> RunConfig:

@@ -1,6 +1,6 @@
 """Tokenizers: "qwen" (Qwen2.5's tiktoken BPE, padded to 151,936 ids), "bytes" (UTF-8 bytes +
 end-of-document + pad) and "hf:PATH[#EOD]", a tokenizer.json of one's own read with Hugging Face
-`tokenizers` (seamkit.config.hf_tokenizer reads the file, its ids and its end-of-document token).
+`tokenizers` (seamkit.config.tokenizer_names.hf_tokenizer reads the file, its ids and its end-of-document token).
 
 Corpus text is always encoded as plain text: a literal "<|endoftext|>" in a document never
 becomes the end-of-document id.
@@ -9,7 +9,7 @@ becomes the end-of-document id.
 from __future__ import annotations
 
 from seamkit.config import ConfigError, tokenizer_vocab
-from seamkit.config.sections import HF, hf_tokenizer
+from seamkit.config.tokenizer_names import HF, hf_tokenizer
 from seamkit.data.errors import DataError
 
 
@@ -76,7 +76,7 @@ class QwenTokenizer(Tokenizer):
 
 
 class HFTokenizer(Tokenizer):
-    """A tokenizer.json (`config.HFTokenizerFile`): its own ids, then a pad id, padded to a multiple
+    """A tokenizer.json (`config.tokenizer_names.HFTokenizerFile`): its own ids, then a pad id, padded to a multiple
     of 64. Text is encoded without the file's post-processor (no BOS or template tokens) and with
     its special tokens as plain text; decode(encode(t)) == t where the file has no normalizer
     (a byte-level BPE such as GPT-2's has none)."""

@@ -43,8 +43,8 @@ from seamkit.model import GPT, autocast, lm_loss, param_dtype
 from seamkit.optim import make_optimizer
 from seamkit.seams import inflight as F
 from seamkit.seams import update as U
-from seamkit.seams.corrections import Prediction, rescale_lr
-from seamkit.seams.cuts import segment_params
+from seamkit.seams.corrections import Feedback, Prediction, rescale_lr
+from seamkit.seams.cuts import keep_held, owned_names
 from seamkit.seams.objectives import local_loss, private_modules
 from seamkit.seams.policy import policy
 
@@ -74,11 +74,6 @@ class _Segment(nn.Module):
         return self.chain[0].run(self.k, x_BT, h_BTC)
 
 
-def owned_names(model: GPT, segs: list[list[int]]) -> list[list[str]]:
-    """The GPT's parameter names each segment owns, in the GPT's order (`cuts.segment_params`)."""
-    return [[n for n, _ in owned] for owned in segment_params(model, segs)]
-
-
 class Chain:
     """One arm's held segments, their private modules and optimizers, and what is in flight."""
 
@@ -101,7 +96,7 @@ class Chain:
         for k in sorted(heads):  # the heads' tensors after the GPT's, segment by segment
             head_at[k], at = at, at + len(list(heads[k].parameters()))
         self.n_slots = at
-        self.model = _keep(model, [n for k in self.mine for n in names[k]], [i for k in self.mine for i in segs[k]])
+        self.model = keep_held(model, [n for k in self.mine for n in names[k]], [i for k in self.mine for i in segs[k]])
         if cfg.train.compile:  # compiled on the first step, inside the budget (meant for CUDA)
             from seamkit.accel import compile_model
             compile_model(self.model)
@@ -118,8 +113,11 @@ class Chain:
         self.opt = make_optimizer(self.model, cfg.train, parts)
         self.head_opt = make_optimizer(self.heads, cfg.train) if len(self.heads) else None
         self.groups = [[p for _, p in self.owned[k]] + self._head_params(k) for k in self.mine]
-        self.predict = Prediction(cfg.seams.weight_prediction, cfg.seams.prediction_decay, self.owned,
-                                  dict(zip(self.mine, self.taus)))
+        delays = dict(zip(self.mine, self.taus))
+        self.predict = Prediction(cfg.seams.weight_prediction, cfg.seams.prediction_decay, self.owned, delays)
+        self.feedback = Feedback(cfg.seams.error_feedback, self.owned, delays)
+        # after an update: error feedback moves the weights first, so prediction averages the moves made
+        self.corrections = [c for c in (self.feedback, self.predict) if c]
         self.ctx = self.model.context(cfg.model.seq, device, self.dtype)  # RoPE tables; rows are plain causal
         self.wrappers = {k: _Segment(self, k) for k in self.mine}
         self.t, self.peak_kept_bytes, self.log = 0, 0, None  # a test sets log = []: every backward taken
@@ -317,10 +315,10 @@ class Chain:
         U.clip(params, self.clip, U.global_norm(vec[:P], vec[P:2 * P]))
         if self.lr_delay_steps:
             rescale_lr(self.opt, self.lr_delay_steps, self.t - 1, self.taus)
-        before = self.predict.before_update() if self.predict else None
+        before = [c.before_update() for c in self.corrections]
         U.apply(self.opts, lr)
-        if before is not None:
-            self.predict.after_update(before)
+        for c, b in zip(self.corrections, before):
+            c.after_update(b)
         self.link.commit_gradients(self.policy.delay)  # the sends the previous rank has taken by now
         self._peak()
         return values, None
@@ -339,7 +337,7 @@ class Chain:
 
     def _peak(self) -> None:
         if self.policy.crosses and self.policy.delay > 0:
-            self.peak_kept_bytes = max(self.peak_kept_bytes, self.predict.nbytes() + F.kept_bytes(
+            self.peak_kept_bytes = max(self.peak_kept_bytes, sum(c.nbytes() for c in self.corrections) + F.kept_bytes(
                 self.stash.values(), self.inbox.values(), self.link.inflight()))
 
     def _record(self, k: int, batch: int, **kw) -> None:
@@ -353,6 +351,7 @@ class Chain:
         """What is in flight at this step boundary, as plain data for a checkpoint (a kept graph
         rides as its input, stashed weights and RNG state)."""
         return {"t": self.t, "peak_kept_bytes": self.peak_kept_bytes, "prediction": self.predict.state(),
+                "feedback": self.feedback.state(),
                 "stash": {k: [F.entry_to_cpu(e) for e in q] for k, q in self.stash.items()},
                 "inbox": {k: [F.entry_to_cpu(e) for e in q] for k, q in self.inbox.items()}}
 
@@ -362,6 +361,7 @@ class Chain:
         before where that is kept for the same batch, sharing its bytes as in a chain never stopped."""
         self.t, self.peak_kept_bytes = state["t"], state["peak_kept_bytes"]
         self.predict.load(state.get("prediction"))
+        self.feedback.load(state.get("feedback"))
         before = {}
         for k in self.mine:
             q = deque()
@@ -405,15 +405,3 @@ class Chain:
 
 def _accumulate(p: nn.Parameter, g: torch.Tensor) -> None:
     p.grad = g if p.grad is None else p.grad + g
-
-
-def _keep(model: GPT, names: list[str], blocks: list[int]) -> GPT:
-    """The GPT with only the parts these names and blocks hold (the rest goes: a rank holds its share)."""
-    keep = set(names)
-    for i in range(len(model.blocks)):
-        if i not in blocks:
-            model.blocks[i] = nn.Identity()
-    for part in ("embed", "norm", "head"):
-        if f"{part}.weight" not in keep:
-            setattr(model, part, None)
-    return model

@@ -1,6 +1,7 @@
 """The delayed arm's staleness corrections: PipeMare's learning-rate rescheduling
-(`seams.lr_delay_steps`, `rescale_lr`) and weight prediction (`seams.weight_prediction`,
-`seams.prediction_decay`, `Prediction`).
+(`seams.lr_delay_steps`, `rescale_lr`), weight prediction (`seams.weight_prediction`,
+`seams.prediction_decay`, `Prediction`) and error feedback on the updates
+(`seams.error_feedback`, `Feedback`).
 
 Weight prediction. A segment whose gradient comes tau steps late computes it at one set of weights and applies it
 to another: its forward of batch t ran at w_t, and the update lands on w_{t+tau}. Each late
@@ -16,11 +17,26 @@ g = `prediction_decay`), and extrapolates along it by s*tau steps (s = `weight_p
 
 With s = 0 nothing is kept and nothing changes. v is state: it rides in checkpoints beside what
 is in flight and counts in the arm's kept bytes.
+
+Error feedback. The update u_t a late segment's optimizer makes at step t answers a gradient of
+weights tau steps old; the error it carries is what the direction has turned since, and the newest
+turn the segment can see is u_t - u_{t-1}. Each late segment keeps its last update and adds
+e*tau*(u_t - u_{t-1}) to the new one (e = `error_feedback`): the update extrapolated tau steps
+along its own change, whatever optimizer made it. This is the kit's form of the error-feedback
+correction of one-step-delayed optimisation (Zmushko et al., "One-Step Gradient Delay is Not a
+Barrier for Large-Scale Asynchronous Pipeline Parallel LLM Pretraining", 2026), carried to a delay
+of tau steps. A segment's first update is kept, not corrected (there is no turn yet to feed back).
+With e = 0 nothing is kept and nothing changes; the kept updates ride in checkpoints.
 """
 
 from __future__ import annotations
 
 import torch
+
+
+def late_weights(owned: dict, keys) -> dict:
+    """Segments `keys`' weights, copied before an update (what a correction's `after_update` differences)."""
+    return {k: [p.detach().clone() for _, p in owned[k]] for k in keys}
 
 
 def rescale_lr(opt, steps: int, t: int, taus: list[int]) -> None:
@@ -54,8 +70,7 @@ class Prediction:
         return {n: torch.add(p.detach(), v[n], alpha=step).requires_grad_() for n, p in self.owned[k]}
 
     def before_update(self) -> dict:
-        """The predicting segments' weights before an update (what `after_update` differences)."""
-        return {k: [p.detach().clone() for _, p in self.owned[k]] for k in self.v}
+        return late_weights(self.owned, self.v)
 
     @torch.no_grad()
     def after_update(self, before: dict) -> None:
@@ -74,3 +89,49 @@ class Prediction:
         for k, v in (state or {}).items():
             for n, t in (v.items() if k in self.v else ()):
                 self.v[k][n].copy_(t)
+
+
+class Feedback:
+    """The late segments' last updates, fed back into the next; `owned` {segment: [(name, parameter)]},
+    `delays` {segment: tau}."""
+
+    def __init__(self, strength: float, owned: dict, delays: dict):
+        self.e, self.owned, self.delays = strength, owned, delays
+        self.u = {k: {n: torch.zeros_like(p, memory_format=torch.preserve_format) for n, p in ps}
+                  for k, ps in owned.items() if strength > 0 and delays[k] > 0}
+        self.seen = {k: False for k in self.u}  # has segment k made an update yet (a nonzero one)
+
+    def __bool__(self) -> bool:
+        return bool(self.u)
+
+    def before_update(self) -> dict:
+        return late_weights(self.owned, self.u)
+
+    @torch.no_grad()
+    def after_update(self, before: dict) -> None:
+        """The optimizer has moved each late segment from `before` by u: add e*tau*(u - u_prev)."""
+        for k, old in before.items():
+            new = [p - w for (_, p), w in zip(self.owned[k], old)]
+            if self.seen[k]:
+                step = self.e * self.delays[k]
+                for (n, p), u in zip(self.owned[k], new):
+                    p.add_(u - self.u[k][n], alpha=step)
+            else:  # the segment's gradients come late: until its first one its updates are zero
+                self.seen[k] = any(bool(u.any()) for u in new)
+            for (n, _), u in zip(self.owned[k], new):
+                self.u[k][n].copy_(u)
+
+    def nbytes(self) -> int:
+        return sum(t.nbytes for u in self.u.values() for t in u.values())
+
+    def state(self) -> dict:
+        return {k: {"seen": self.seen[k], "u": {n: t.detach().cpu() for n, t in u.items()}}
+                for k, u in self.u.items()}
+
+    def load(self, state: dict | None) -> None:
+        """`state` back (None: a checkpoint from before error feedback existed, which had none)."""
+        for k, entry in (state or {}).items():
+            if k in self.u:
+                self.seen[k] = entry["seen"]
+                for n, t in entry["u"].items():
+                    self.u[k][n].copy_(t)

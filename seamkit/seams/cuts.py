@@ -22,7 +22,7 @@ import torch.nn as nn
 from seamkit.config import ModelConfig, parse_seams, segments
 from seamkit.model import param_counts
 
-__all__ = ["ACT_BYTES", "parse_seams", "segment_params", "segments", "traffic_bytes", "traffic_ratios"]
+__all__ = ["ACT_BYTES", "keep_held", "owned_names", "parse_seams", "segment_params", "segments", "traffic_bytes", "traffic_ratios"]
 
 ACT_BYTES = 2  # bf16 activations cross the seams
 
@@ -74,3 +74,20 @@ def segment_params(model, segs: list[list[int]]) -> list[list[tuple[str, nn.Para
             k = len(segs) - 1
         out[k].append((name, p))
     return out
+
+
+def owned_names(model, segs: list[list[int]]) -> list[list[str]]:
+    """The GPT's parameter names each segment owns, in the GPT's order (`segment_params`)."""
+    return [[n for n, _ in owned] for owned in segment_params(model, segs)]
+
+
+def keep_held(model, names: list[str], blocks: list[int]):
+    """The GPT with only the parts these names and blocks hold (the rest goes: a rank holds its share)."""
+    keep = set(names)
+    for i in range(len(model.blocks)):
+        if i not in blocks:
+            model.blocks[i] = nn.Identity()
+    for part in ("embed", "norm", "head"):
+        if f"{part}.weight" not in keep:
+            setattr(model, part, None)
+    return model

@@ -18,7 +18,8 @@ from seamkit.model import GPT, lm_loss
 from seamkit.seams import inflight as F
 from seamkit.seams import update as U
 from seamkit.seams.arm import ArmSpec, run_arm
-from seamkit.seams.chain import Chain, owned_names
+from seamkit.seams.chain import Chain
+from seamkit.seams.cuts import owned_names
 from seamkit.seams.placement import arm_segments
 
 STEPS = 6
@@ -529,3 +530,56 @@ def test_weight_prediction_at_strength_0_is_the_uncorrected_arm(corpus):
         on = chain("delayed", C.override(base, {"seams.weight_prediction": 0.5}), corpus)
         train(on, base, corpus)
         assert any(not torch.equal(p, q) for p, q in zip(a.model.parameters(), on.model.parameters()))
+
+
+# ----------------------------------------------------------------------------- error feedback
+
+def test_error_feedback_adds_the_turn_of_a_late_segment_s_updates(corpus, monkeypatch):
+    """seams.error_feedback=e: after the optimizer moves a late segment (tau steps late) by u_t,
+    its weights move on by e*tau*(u_t - u_{t-1}), from its second nonzero update on; the last
+    segment (tau 0) keeps the optimizer's update alone. Checked bit for bit at every step against
+    the weights the optimizer left. Planted faults this catches: the turn taken against the
+    corrected update instead of the optimizer's, the delay left out of the step."""
+    e = 0.5
+    cfg = _cfg(**{"seams.delay": 1, "seams.error_feedback": e, "seams.local_weight": 0.5})
+    ch = chain("delayed", cfg, corpus)
+    weights = lambda: {n: p.detach().clone() for n, p in ch.model.named_parameters()}  # noqa: E731
+    raw, snaps, apply = [], [], U.apply
+
+    def look(opts, lr):
+        apply(opts, lr)
+        raw.append(weights())  # what the optimizer left, before any correction
+    monkeypatch.setattr(U, "apply", look)
+    train(ch, cfg, corpus, before=lambda s: snaps.append(weights()))
+    snaps.append(weights())
+    corrected = 0
+    for k in ch.mine:
+        tau, names = ch.delay_of(k), [n for n, _ in ch.owned[k]]
+        prev, seen = None, False
+        for t in range(STEPS):
+            u = {n: raw[t][n] - snaps[t][n] for n in names}
+            for n in names:
+                want = torch.add(raw[t][n], u[n] - prev[n], alpha=e * tau) if tau and seen else raw[t][n]
+                assert torch.equal(snaps[t + 1][n], want), (k, t, n)
+            corrected += bool(tau and seen)
+            seen, prev = seen or any(v.any() for v in u.values()), u
+    assert corrected >= 3 * (STEPS - 2)  # the three late segments, from their second update on
+
+
+def test_error_feedback_at_strength_0_is_the_uncorrected_arm(corpus):
+    """e=0: every weight and every optimizer moment equal the uncorrected delayed arm's,
+    torch.equal, and nothing is kept for it; e>0 trains other weights and keeps one update per
+    late tensor. Planted fault this catches: the strength not read."""
+    base = _cfg(**{"seams.delay": 1})
+    a, b = chain("delayed", base, corpus), chain("delayed", C.override(base, {"seams.error_feedback": 0.0}), corpus)
+    train(a, base, corpus)
+    train(b, base, corpus)
+    assert not b.feedback and b.peak_kept_bytes == a.peak_kept_bytes
+    for (n, p), (_, q) in zip(a.model.named_parameters(), b.model.named_parameters()):
+        assert torch.equal(p, q), n
+        assert all(torch.equal(a.opt.state[p][key], b.opt.state[q][key]) for key in a.opt.state[p]), n
+    on = chain("delayed", C.override(base, {"seams.error_feedback": 0.5}), corpus)
+    train(on, base, corpus)
+    assert any(not torch.equal(p, q) for p, q in zip(a.model.parameters(), on.model.parameters()))
+    late = sum(p.nbytes for k in on.mine if on.delay_of(k) for _, p in on.owned[k])
+    assert on.feedback.nbytes() == late and on.peak_kept_bytes >= a.peak_kept_bytes + late

@@ -47,7 +47,7 @@ def test_two_torchrun_nodes_train_what_one_process_trains(tmp_path):
     nodes = [subprocess.Popen(
         [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank", str(r), "--nproc-per-node", "1",
          "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", f"seamkit-{port}",
-         "-m", "seamkit.seams.launch", "--preset", "tiny", "--arm", "local", "--placement", "stages",
+         "-m", "seamkit.seams.torchrun", "--preset", "tiny", "--arm", "local", "--placement", "stages",
          "--max-steps", "6", "--set", "train.budget_seconds=0", "--threads", "1", "--out", str(out),
          "--checkpoint", str(ckpt)], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         for r in range(2)]
