@@ -26,11 +26,12 @@ from seamkit.config import TrainConfig
 FUSED_DEVICES = ("cpu", "cuda")  # where torch's fused AdamW kernel runs
 
 
-def make_optimizer(module: nn.Module, tc: TrainConfig, segments: list[list] | None = None):
+def make_optimizer(module: nn.Module, tc: TrainConfig, segments: list[list] | None = None, nesterov: float = 0.0):
     """`train.optimizer`'s optimizer over `module`'s parameters: AdamW (`adamw`), or Muon on the
     blocks' weight matrices and AdamW on the rest (`muon`, `MuonAdamW`). `segments`: the
     parameters as parts (each segment's), each in groups of its own tagged `segment` (the index),
-    so a part can run at an LR of its own (`step_at`'s `lr_scale`).
+    so a part can run at an LR of its own (`step_at`'s `lr_scale`). `nesterov` > 0 (AdamW only):
+    NAdamW, AdamW with Nesterov momentum, at that beta1 (`seams.nesterov_momentum`).
 
     AdamW decays matrices (dim >= 2) and not norms and biases (nanoGPT's rule), with the fused
     kernel (one vectorized pass per tensor) where the parameters' device has one: on CPU torch's
@@ -47,12 +48,14 @@ def make_optimizer(module: nn.Module, tc: TrainConfig, segments: list[list] | No
             split = [[p for p in part if any(p is h for h in hidden)] for part in parts]
             rest = [[p for p in part if all(p is not h for h in hidden)] for part in parts]
             return MuonAdamW(split, _adamw(rest, tc, segments is not None), tc, segments is not None)
-    return _adamw(parts, tc, segments is not None)
+    return _adamw(parts, tc, segments is not None, nesterov)
 
 
-def _adamw(parts: list[list], tc: TrainConfig, tagged: bool) -> torch.optim.AdamW:
+def _adamw(parts: list[list], tc: TrainConfig, tagged: bool, nesterov: float = 0.0) -> torch.optim.Optimizer:
     """AdamW over `parts` (lists of parameters): a decay and a no-decay group each, tagged with
-    their part's index as `segment` where `tagged`."""
+    their part's index as `segment` where `tagged`. `nesterov` > 0: torch's NAdam with decoupled
+    weight decay (NAdamW) at beta1 = `nesterov` instead, as Ajanthan et al. (ICML 2025) train the
+    stages of an asynchronous pipeline (its foreach kernel: NAdam has no fused one)."""
     params = [p for part in parts for p in part]
     fused = bool(params) and all(p.device.type in FUSED_DEVICES and p.is_floating_point() for p in params)
     groups = []
@@ -60,6 +63,8 @@ def _adamw(parts: list[list], tc: TrainConfig, tagged: bool) -> torch.optim.Adam
         tag = {"segment": k} if tagged else {}
         groups += [{"params": [p for p in part if p.dim() >= 2], "weight_decay": tc.weight_decay, **tag},
                    {"params": [p for p in part if p.dim() < 2], "weight_decay": 0.0, **tag}]
+    if nesterov > 0:
+        return torch.optim.NAdam(groups, lr=tc.lr, betas=(nesterov, tc.beta2), decoupled_weight_decay=True)
     return torch.optim.AdamW(groups, lr=tc.lr, betas=(tc.beta1, tc.beta2), fused=fused or None)
 
 

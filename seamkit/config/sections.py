@@ -197,6 +197,9 @@ class SeamsConfig:
     # the newest turn of its own updates carried over its delay (Zmushko et al. 2026, in the kit's form:
     # `seams.corrections`). 0: off
     error_feedback: float = ranged(0.0, ge=0, le=4)
+    # delayed arm, Nesterov look-ahead (Ajanthan et al., ICML 2025): the arm trains with NAdamW (AdamW
+    # with Nesterov momentum) at this beta1 (the paper's: 0.99) in place of train.optimizer=adamw. 0: off
+    nesterov_momentum: float = ranged(0.0, ge=0, lt=1)
     arms: str = "e2e,local"  # the study's arms: a comma list of distinct names from e2e, local, delayed (e2e always)
 
     def __post_init__(self):
@@ -275,6 +278,9 @@ class RunConfig:
                               f"tokenizer's {need} ids; --set model.vocab={need}")
         self.seam_blocks  # noqa: B018 -- a bad seam spec fails when the config is built
         _check_off_clock(self)
+        if self.seams.nesterov_momentum > 0 and self.train.optimizer != "adamw":
+            raise ConfigError(f"seams.nesterov_momentum={self.seams.nesterov_momentum} replaces AdamW by NAdamW; "
+                              f"it does not go with train.optimizer={self.train.optimizer}")
 
     @property
     def seam_blocks(self) -> list[int]:

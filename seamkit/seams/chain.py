@@ -110,8 +110,9 @@ class Chain:
         # PipeMare's rescheduling gives each held segment its own groups, at an LR of its own (`corrections`)
         self.lr_delay_steps = cfg.seams.lr_delay_steps if self.policy.arm == "delayed" and self.policy.delay else 0
         parts = [[p for _, p in self.owned[k]] for k in self.mine] if self.lr_delay_steps else None
-        self.opt = make_optimizer(self.model, cfg.train, parts)
-        self.head_opt = make_optimizer(self.heads, cfg.train) if len(self.heads) else None
+        nesterov = cfg.seams.nesterov_momentum if self.policy.arm == "delayed" else 0.0  # NAdamW (`corrections`)
+        self.opt = make_optimizer(self.model, cfg.train, parts, nesterov)
+        self.head_opt = make_optimizer(self.heads, cfg.train, nesterov=nesterov) if len(self.heads) else None
         self.groups = [[p for _, p in self.owned[k]] + self._head_params(k) for k in self.mine]
         delays = dict(zip(self.mine, self.taus))
         self.predict = Prediction(cfg.seams.weight_prediction, cfg.seams.prediction_decay, self.owned, delays)

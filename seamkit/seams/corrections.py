@@ -1,7 +1,8 @@
 """The delayed arm's staleness corrections: PipeMare's learning-rate rescheduling
 (`seams.lr_delay_steps`, `rescale_lr`), weight prediction (`seams.weight_prediction`,
 `seams.prediction_decay`, `Prediction`) and error feedback on the updates
-(`seams.error_feedback`, `Feedback`).
+(`seams.error_feedback`, `Feedback`); the fourth, Nesterov look-ahead (`seams.nesterov_momentum`),
+is the arm's optimizer (`optim.make_optimizer`: NAdamW).
 
 Weight prediction. A segment whose gradient comes tau steps late computes it at one set of weights and applies it
 to another: its forward of batch t ran at w_t, and the update lands on w_{t+tau}. Each late

@@ -5,7 +5,8 @@ A seam hands its segment's output forward. What comes back across it is the poli
 - delayed: the gradient, `seams.delay` steps later, as an asynchronous pipeline delivers it
   (with weight stashing, PipeDream's update: Narayanan et al., SOSP 2019; without, PipeMare's:
   Yang et al., MLSys 2021), optionally mixed with a local loss, its staleness optionally
-  corrected (`seams.lr_delay_steps`, `seams.weight_prediction`, `seams.error_feedback`: `corrections`);
+  corrected (`seams.lr_delay_steps`, `seams.weight_prediction`, `seams.error_feedback`,
+  `seams.nesterov_momentum`: `corrections`);
 - local: nothing; each segment learns from its local objective alone, with weight 1.
 
 One segment chain (`seams.chain`) runs every point of the policy, in one process and as one rank

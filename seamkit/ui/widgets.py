@@ -152,6 +152,8 @@ class SeamsPanel(W.VBox):
         self.error_feedback = W.BoundedFloatText(value=cfg.seams.error_feedback, min=0.0, max=4.0, step=0.25,
                                                  description="error feedback", style=style,
                                                  layout=W.Layout(width="190px"))
+        self.nesterov = W.BoundedFloatText(value=cfg.seams.nesterov_momentum, min=0.0, max=0.999, step=0.01,
+                                           description="Nesterov beta1", style=style, layout=W.Layout(width="190px"))
         self.run = W.Button(description="Run", button_style="primary", icon="play",
                             tooltip="train both arms for the budget each, for every seed")
         self.bars = {arm: W.IntProgress(value=0, min=0, max=100, description=arm, style=style) for arm in ARMS}
@@ -169,7 +171,7 @@ class SeamsPanel(W.VBox):
         super().__init__([
             W.HBox([self.preset, self.budget, self.objective, self.seams]),
             W.HBox([self.repeats, self.order, self.arms, self.delay]),
-            W.HBox([self.optimizer, self.lr_delay_steps, self.weight_prediction, self.error_feedback]),
+            W.HBox([self.optimizer, self.lr_delay_steps, self.weight_prediction, self.error_feedback, self.nesterov]),
             W.HBox([self.devices, self.placement, self.run]),
             *(W.HBox([self.bars[arm], self.notes[arm]]) for arm in ARMS),
             self.status, self.figure, self.result,
@@ -183,7 +185,8 @@ class SeamsPanel(W.VBox):
             "seams.devices": 0 if self.devices.value.strip().lower() == "auto" else self.devices.value,
             "seams.placement": self.placement.value, "seams.arms": self.arms.value, "seams.delay": self.delay.value,
             "train.optimizer": self.optimizer.value, "seams.lr_delay_steps": self.lr_delay_steps.value,
-            "seams.weight_prediction": self.weight_prediction.value, "seams.error_feedback": self.error_feedback.value})
+            "seams.weight_prediction": self.weight_prediction.value, "seams.error_feedback": self.error_feedback.value,
+            "seams.nesterov_momentum": self.nesterov.value})
 
     def _on_preset(self, change) -> None:
         cfg = build_config(change["new"], self.settings)
@@ -192,6 +195,7 @@ class SeamsPanel(W.VBox):
         self.arms.value, self.delay.value = cfg.seams.arms, cfg.seams.delay
         self.optimizer.value, self.lr_delay_steps.value = cfg.train.optimizer, cfg.seams.lr_delay_steps
         self.weight_prediction.value, self.error_feedback.value = cfg.seams.weight_prediction, cfg.seams.error_feedback
+        self.nesterov.value = cfg.seams.nesterov_momentum
 
     def _on_run(self, _button=None) -> None:
         from seamkit.seams.study import seams_study

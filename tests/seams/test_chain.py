@@ -583,3 +583,32 @@ def test_error_feedback_at_strength_0_is_the_uncorrected_arm(corpus):
     assert any(not torch.equal(p, q) for p, q in zip(a.model.parameters(), on.model.parameters()))
     late = sum(p.nbytes for k in on.mine if on.delay_of(k) for _, p in on.owned[k])
     assert on.feedback.nbytes() == late and on.peak_kept_bytes >= a.peak_kept_bytes + late
+
+
+# ----------------------------------------------------------------------------- Nesterov look-ahead
+
+def test_nesterov_trains_the_delayed_arm_alone_with_nadamw(corpus):
+    """seams.nesterov_momentum=b: the delayed arm's optimizers (blocks and heads) are NAdam with
+    decoupled weight decay at betas (b, beta2), the decay groups as AdamW's; e2e and local in the
+    same config keep AdamW; b=0 trains torch.equal to the uncorrected arm. Planted faults this
+    catches: the momentum not passed on (NAdam at beta1), the arm not checked (every arm NAdam)."""
+    base = _cfg(**{"seams.delay": 1, "seams.local_weight": 0.5, "seams.arms": "e2e,local,delayed"})
+    on = C.override(base, {"seams.nesterov_momentum": 0.99})
+    ch = chain("delayed", on, corpus)
+    for opt in ch.opts:
+        assert isinstance(opt, torch.optim.NAdam)
+        assert all(g["betas"] == (0.99, on.train.beta2) and g["decoupled_weight_decay"] for g in opt.param_groups)
+        assert sorted({g["weight_decay"] for g in opt.param_groups}) == [0.0, on.train.weight_decay]
+    assert all(isinstance(o, torch.optim.AdamW) for arm in ("e2e", "local") for o in chain(arm, on, corpus).opts)
+    a, b = chain("delayed", base, corpus), chain("delayed", C.override(base, {"seams.nesterov_momentum": 0.0}), corpus)
+    train(a, base, corpus)
+    train(b, base, corpus)
+    assert all(torch.equal(p, q) for p, q in zip(a.model.parameters(), b.model.parameters()))
+    train(ch, on, corpus)
+    assert any(not torch.equal(p, q) for p, q in zip(a.model.parameters(), ch.model.parameters()))
+
+
+def test_nesterov_goes_with_adamw_only():
+    with pytest.raises(C.ConfigError, match=r"^seams.nesterov_momentum=0.99 replaces AdamW by NAdamW; it does not "
+                                            r"go with train.optimizer=muon$"):
+        C.override(C.tiny(), {"seams.nesterov_momentum": 0.99, "train.optimizer": "muon"})

@@ -13,7 +13,8 @@ from tests.conftest import ROOT
 TOKENIZER = ROOT / "data" / "tokenizers" / "wordnet-bpe-2k.json"
 # fields added after the first saves: each one's default is how those runs trained
 ADDED = {"model": ["mlp", "mlp_hidden", "kv_heads", "bias"], "train": ["optimizer", "muon_lr", "log_to"],
-         "seams": ["lr_delay_steps", "weight_prediction", "prediction_decay", "error_feedback"]}
+         "seams": ["lr_delay_steps", "weight_prediction", "prediction_decay", "error_feedback",
+                   "nesterov_momentum"]}
 
 
 def test_a_config_saved_before_fields_existed_resumes_under_their_defaults(tmp_path):

@@ -47,6 +47,8 @@ CASES = {
                                     "seams.weight_prediction": 1.0, "seams.prediction_decay": 0.5}, None),
     "feedback": ("delayed", {"seams.delay": 1, "seams.weight_stashing": True, "seams.local_weight": 0.5,
                              "seams.error_feedback": 0.5}, None),
+    "nesterov": ("delayed", {"seams.delay": 1, "seams.weight_stashing": True, "seams.local_weight": 0.5,
+                             "seams.nesterov_momentum": 0.99}, None),
     "slow": ("local", {}, "0:*:slow:local"),  # rank 0 SLOW_S slower every step
     "nan_local": ("local", {"train.max_steps": 100}, "1:2:nan:local"),
     "nan_delayed1": ("delayed", {"train.max_steps": 100}, "1:2:nan:delayed"),
@@ -151,7 +153,7 @@ def test_local_with_one_seam_holds_one_segment_a_rank(runs, corpus, tmp_path):
 
 
 @pytest.mark.parametrize("case", ["stash", "current", "d2", "muon_stash", "pipemare", "predict_stash",
-                                  "predict_current", "feedback"])
+                                  "predict_current", "feedback", "nesterov"])
 def test_delayed_on_stages_trains_what_one_process_trains(case, runs, corpus, tmp_path):
     """2 ranks, 4 segments, delay d: every GPT weight and every aux head equal the one-process
     delayed arm's after STEPS steps, and so do every segment's training loss at every curve point
@@ -337,7 +339,7 @@ def test_a_killed_rank_ends_the_run_naming_it(tmp_path, monkeypatch):
     ("delayed", {"seams.delay": 1, "seams.local_weight": 0.5, "seams.weight_stashing": False,
                  "seams.weight_prediction": 1.0}),
     ("delayed", {"seams.delay": 1, "seams.local_weight": 0.5, "seams.error_feedback": 0.5,
-                 "seams.weight_prediction": 0.5}),
+                 "seams.weight_prediction": 0.5, "seams.nesterov_momentum": 0.99}),
     ("local", {"seams.objective": "aux_block", "model.dropout": 0.1}),
     ("local", {"seams.objective": "own_head", "model.dropout": 0.1}),
 ])

@@ -59,7 +59,7 @@ def test_seams_panel_click_builds_the_config_and_fills_traces_and_bars(monkeypat
     panel.devices.value, panel.placement.value = "2", "e2e=dp"
     panel.arms.value, panel.delay.value = "e2e,local,delayed", 2
     panel.optimizer.value, panel.lr_delay_steps.value, panel.weight_prediction.value = "muon", 50, 0.5
-    panel.error_feedback.value = 0.25
+    panel.error_feedback.value, panel.nesterov.value = 0.25, 0.0
     panel.run.click()
 
     assert panel.error is None
@@ -69,7 +69,8 @@ def test_seams_panel_click_builds_the_config_and_fills_traces_and_bars(monkeypat
                                         "seams.repeats": 3, "seams.order": "sequential", "seams.devices": 2,
                                         "seams.placement": "e2e=dp", "seams.arms": "e2e,local,delayed",
                                         "seams.delay": 2, "train.optimizer": "muon", "seams.lr_delay_steps": 50,
-                                        "seams.weight_prediction": 0.5, "seams.error_feedback": 0.25})
+                                        "seams.weight_prediction": 0.5, "seams.error_feedback": 0.25,
+                                        "seams.nesterov_momentum": 0.0})
     assert cfg == panel.config and out_path == tmp_path / "seams.json" and progress is False
     e2e, local, delayed = panel.figure.data
     assert (e2e.name, local.name, delayed.name) == ("e2e", "local", "delayed")
