@@ -43,7 +43,7 @@ from seamkit.model import GPT, autocast, lm_loss, param_dtype
 from seamkit.optim import make_optimizer
 from seamkit.seams import inflight as F
 from seamkit.seams import update as U
-from seamkit.seams.corrections import Feedback, Prediction, rescale_lr
+from seamkit.seams.corrections import Feedback, Prediction, late_weights, rescale_lr
 from seamkit.seams.cuts import keep_held, owned_names
 from seamkit.seams.objectives import local_loss, private_modules
 from seamkit.seams.policy import policy
@@ -316,10 +316,10 @@ class Chain:
         U.clip(params, self.clip, U.global_norm(vec[:P], vec[P:2 * P]))
         if self.lr_delay_steps:
             rescale_lr(self.opt, self.lr_delay_steps, self.t - 1, self.taus)
-        before = [c.before_update() for c in self.corrections]
+        before = late_weights(self.owned, self.corrections) if self.corrections else None
         U.apply(self.opts, lr)
-        for c, b in zip(self.corrections, before):
-            c.after_update(b)
+        for c in self.corrections:
+            c.after_update(before)
         self.link.commit_gradients(self.policy.delay)  # the sends the previous rank has taken by now
         self._peak()
         return values, None

@@ -35,8 +35,10 @@ from __future__ import annotations
 import torch
 
 
-def late_weights(owned: dict, keys) -> dict:
-    """Segments `keys`' weights, copied before an update (what a correction's `after_update` differences)."""
+def late_weights(owned: dict, corrections: list) -> dict:
+    """The weights of every segment one of `corrections` keeps state for, copied once before an
+    update: what each correction's `after_update` differences."""
+    keys = sorted(set().union(*(c.segments for c in corrections)))
     return {k: [p.detach().clone() for _, p in owned[k]] for k in keys}
 
 
@@ -70,13 +72,14 @@ class Prediction:
         v = self.v[k]
         return {n: torch.add(p.detach(), v[n], alpha=step).requires_grad_() for n, p in self.owned[k]}
 
-    def before_update(self) -> dict:
-        return late_weights(self.owned, self.v)
+    @property
+    def segments(self):
+        return self.v.keys()
 
     @torch.no_grad()
     def after_update(self, before: dict) -> None:
-        for k, old in before.items():
-            for (n, p), w in zip(self.owned[k], old):
+        for k in self.v:
+            for (n, p), w in zip(self.owned[k], before[k]):
                 self.v[k][n].mul_(self.decay).add_(p - w, alpha=1.0 - self.decay)
 
     def nbytes(self) -> int:
@@ -105,14 +108,15 @@ class Feedback:
     def __bool__(self) -> bool:
         return bool(self.u)
 
-    def before_update(self) -> dict:
-        return late_weights(self.owned, self.u)
+    @property
+    def segments(self):
+        return self.u.keys()
 
     @torch.no_grad()
     def after_update(self, before: dict) -> None:
         """The optimizer has moved each late segment from `before` by u: add e*tau*(u - u_prev)."""
-        for k, old in before.items():
-            new = [p - w for (_, p), w in zip(self.owned[k], old)]
+        for k in self.u:
+            new = [p - w for (_, p), w in zip(self.owned[k], before[k])]
             if self.seen[k]:
                 step = self.e * self.delays[k]
                 for (n, p), u in zip(self.owned[k], new):
