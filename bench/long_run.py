@@ -93,8 +93,9 @@ def main(argv=None) -> int:
     write_json(args.out, doc)
     for r in rows:
         g, rel = r["gap"], r["relative_gap"]
-        print(f"  {sum(r['tokens']) / len(r['tokens']):>12,.0f} tokens: gap {g['mean']:+.4f} "
-              f"[{g['ci95'][0]:+.4f}, {g['ci95'][1]:+.4f}] ({100 * rel['mean']:+.2f}% of e2e)", file=sys.stderr)
+        ci = f" [{g['ci95'][0]:+.4f}, {g['ci95'][1]:+.4f}]" if g.get("ci95") else ""  # one seed: no interval
+        print(f"  {sum(r['tokens']) / len(r['tokens']):>12,.0f} tokens: gap {g['mean']:+.4f}{ci} "
+              f"({100 * rel['mean']:+.2f}% of e2e)", file=sys.stderr)
     if args.figure and rows:
         from seamkit.figures import write_bytes, render
         fig = gap_figure(rows, args.arm, f"{args.arm} against e2e, {args.budget:.0f} s an arm on "
