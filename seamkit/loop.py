@@ -35,7 +35,7 @@ import torch
 
 from seamkit.config import RunConfig, TrainConfig
 from seamkit.data.rows import eval_batches
-from seamkit.model import GPT, lm_loss
+from seamkit.model import GPT
 from seamkit.optim import clock_sets_lr, scheduled_lr
 
 PROGRESS_EVERY_S = 0.25  # progress events at most this often (training time)
@@ -59,7 +59,7 @@ def evaluate_model(model: GPT, batches, autocast_ctx=contextlib.nullcontext) -> 
     model.eval()
     try:
         with autocast_ctx():
-            losses = torch.stack([lm_loss(model(x_BT), y_BT) for x_BT, y_BT in batches])
+            losses = torch.stack([model.loss(model.hidden(x_BT), y_BT) for x_BT, y_BT in batches])
     finally:
         model.train(was_training)
     return mean_and_stderr(losses)
@@ -74,16 +74,26 @@ def mean_and_stderr(losses: torch.Tensor) -> tuple[float, float]:
 
 
 class Clock:
-    """Training wall-clock: time spent inside `paused()` (callbacks, checkpoints, turns) does not count."""
+    """Training wall-clock: time spent inside `paused()` (callbacks, checkpoints, turns) does not count.
+
+    `elapsed()` is the host's clock and never waits on the device: on a GPU the host runs ahead of
+    the kernels it queued (at most a step: `readout`), so every step reads it freely. `settled()`
+    is a reading: it first waits for the queued work (`sync`, torch.cuda.synchronize on a GPU), so
+    what it says covers the device's work too. The loop settles only where time is read for the
+    record: when the host's clock says the budget or a slice is used up, at a checkpoint and at the
+    end of training."""
 
     def __init__(self, sync: Callable[[], None] = lambda: None):
-        self.sync = sync  # torch.cuda.synchronize on a GPU, so a reading covers the queued work
+        self.sync = sync
         self.sync()
         self.start, self.off = time.perf_counter(), 0.0
 
     def elapsed(self) -> float:
-        self.sync()
         return time.perf_counter() - self.start - self.off
+
+    def settled(self) -> float:
+        self.sync()
+        return self.elapsed()
 
     @contextlib.contextmanager
     def paused(self):
@@ -159,24 +169,26 @@ class BudgetLoop:
             self.run["points"] = resume["points"][:resume["n_points"]]
             self.run["points"] += [self.last] * (self.marks.j - len(self.run["points"]))  # marks of the last step
             clock.off -= self.run["elapsed_s"]
+        self.launched = self.run["steps"]  # steps queued; `run["steps"]` counts those whose losses were read
 
     @property
     def steps(self) -> int:
         return self.run["steps"]
 
     def spent(self, steps: int | None = None) -> bool:
-        """The budget or max_steps is used up (after `steps` steps; default: the steps done)."""
-        steps = self.run["steps"] if steps is None else steps
+        """The budget or max_steps is used up (after `steps` steps; default: the steps launched)."""
+        steps = self.launched if steps is None else steps
         if self.tc.max_steps and steps >= self.tc.max_steps:
             return True
-        if self.clock.elapsed() >= self.budget:
+        # the host's clock first (no wait); past the budget, a reading of the device's to be sure
+        if self.clock.elapsed() >= self.budget and self.clock.settled() >= self.budget:
             self.run["wall_clock_dependent"] = True  # the clock, not max_steps, ends the run
             return True
         return False
 
     def begin(self) -> tuple[int, float, float]:
-        """(step, training second it starts at, its LR)."""
-        step = self.run["steps"]
+        """(step, training second it starts at, its LR): the next step to launch."""
+        step = self.launched
         # step 0 starts the run at second 0: what came before it on the clock (the first budget
         # check; on a pipeline rank, the wait for rank 0's first word) reaches neither its LR nor
         # the curve, while the clock itself keeps counting it
@@ -216,20 +228,28 @@ class BudgetLoop:
                     "fraction": min(1.0, max(e / self.budget,
                                              run["steps"] / self.tc.max_steps if self.tc.max_steps else 0.0))})
 
-    def stepped(self, step: int, t0: float, lr: float, losses: list[float]) -> None:
-        """A finished step: `losses` are its segments' training losses (the last is the model's)."""
+    def ran(self, step: int, t0: float) -> None:
+        """Step `step`, begun at t0, is queued (on the CPU: done). Its losses come later (`stepped`);
+        what needs the weights right after it (`after_step`) runs now, off the clock."""
         t1 = self.clock.elapsed()
-        self.run.update(steps=step + 1, elapsed_s=t1, max_step_s=max(self.run["max_step_s"], t1 - t0), lr_final=lr)
+        self.launched = step + 1
+        self.run.update(elapsed_s=t1, max_step_s=max(self.run["max_step_s"], t1 - t0))
+        if self.after_step is not None:
+            with self.clock.paused():
+                self.after_step(step + 1, t1)
+
+    def stepped(self, step: int, t0: float, lr: float, losses: list[float]) -> None:
+        """Step `step`'s losses have reached the host (`readout`): its segments' training losses
+        (the last is the model's), which fill the curve points due at t0."""
+        self.run.update(steps=step + 1, lr_final=lr)
         self.last = {"step": step, "elapsed_s": t0, "tokens": step * self.per_step, "loss": losses[-1], "lr": lr,
                      "segment_losses": list(losses)}
         for _ in range(self.marks.due(step, t0)):  # a step that spans several marks fills each
             self._point(self.last)
+        t1 = self.run["elapsed_s"]
         if t1 >= self.next_progress:
             self._progress()
             self.next_progress = t1 + PROGRESS_EVERY_S
-        if self.after_step is not None:
-            with self.clock.paused():
-                self.after_step(step + 1, t1)
 
     def finish(self) -> dict:
         run = self.run

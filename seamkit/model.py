@@ -29,8 +29,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from seamkit.config import ModelConfig
+from seamkit import losses
+from seamkit.losses import linear_cross_entropy
 
-IGNORE = -100  # target id that is not scored
+IGNORE = losses.IGNORE  # target id that is not scored
 
 
 def param_counts(cfg: ModelConfig) -> dict:
@@ -204,15 +206,26 @@ class GPT(nn.Module):
     def forward(self, idx_BT: torch.Tensor, pos_BT: torch.Tensor | None = None,
                 doc_BT: torch.Tensor | None = None) -> torch.Tensor:
         """Logits (B, T, vocab)."""
+        return self.head(self.norm(self.hidden(idx_BT, pos_BT, doc_BT)))
+
+    def hidden(self, idx_BT: torch.Tensor, pos_BT: torch.Tensor | None = None,
+               doc_BT: torch.Tensor | None = None) -> torch.Tensor:
+        """The last block's output (B, T, dim), before the final norm."""
         x = self.embed(idx_BT)
         ctx = self.context(idx_BT.shape[1], idx_BT.device, x.dtype, pos_BT, doc_BT)
         for block in self.blocks:
             x = block(x, ctx)
-        return self.head(self.norm(x))
+        return x
+
+    def loss(self, h_BTC: torch.Tensor, y_BT: torch.Tensor) -> torch.Tensor:
+        """The LM loss of the last block's output: final norm, then the head's cross-entropy chunk by
+        chunk (`losses.linear_cross_entropy`), never the full logits. What training and evaluation use."""
+        return linear_cross_entropy(self.norm(h_BTC), self.head.weight, y_BT)
 
 
 def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Mean cross-entropy over targets != IGNORE, in float32 at least."""
+    """Mean cross-entropy of full logits over targets != IGNORE, in float32 at least (the pruning
+    study's steps; training reads the head through `GPT.loss`)."""
     logits = logits.reshape(-1, logits.shape[-1])
     if logits.dtype in (torch.bfloat16, torch.float16):
         logits = logits.float()

@@ -172,11 +172,52 @@ def scheduled_lr(step: int, elapsed_s: float, tc: TrainConfig) -> float:
     return lr_at_progress(schedule_progress(step, elapsed_s, tc), tc)
 
 
-def step_at(opts, lr: float) -> None:
+def step_at(opts, lr: float, found_inf: torch.Tensor | None = None) -> None:
     """One step of every optimizer in `opts` at learning rate `lr` (the one place an update sets it;
     a group runs at that times its `lr_ratio`, the optimizer's peak over AdamW's, and its
-    `lr_scale`, a correction of its own: both 1 where absent, which is exact)."""
+    `lr_scale`, a correction of its own: both 1 where absent, which is exact). `found_inf`: a
+    float32 scalar on the parameters' device; where it is 1 the step leaves every parameter and
+    every state tensor as it was (`masked_step`), decided on the device, with no host read."""
     for opt in opts:
         for g in opt.param_groups:
             g["lr"] = lr * g.get("lr_ratio", 1.0) * g.get("lr_scale", 1.0)
-        opt.step()
+        if found_inf is None:
+            opt.step()
+        else:
+            masked_step(opt, found_inf)
+
+
+# what a state tensor holds before an optimizer's first step (torch's Adam family, NAdam, Muon)
+_INITIAL_STATE = {"step": 0.0, "mu_product": 1.0}
+
+
+@torch.no_grad()
+def masked_step(opt, found_inf: torch.Tensor) -> None:
+    """`opt.step()`, undone on the device where found_inf is 1. Fused AdamW takes the flag itself
+    (its kernel skips the update and its step count, as under a GradScaler). Any other optimizer
+    (Muon, NAdamW, the foreach AdamW) steps, then every tensor the step could change goes back to
+    its copy from before the step where the flag is up: a `torch.where` per tensor, exact either
+    way; state that the step created goes back to what the optimizer starts from."""
+    if isinstance(opt, MuonAdamW):
+        for part in opt._parts:
+            masked_step(part, found_inf)
+        return
+    if isinstance(opt, torch.optim.AdamW) and opt.defaults.get("fused"):
+        opt.found_inf = found_inf
+        try:
+            opt.step()
+        finally:
+            del opt.found_inf
+        return
+    params = [p for g in opt.param_groups for p in g["params"] if p.grad is not None]
+    fresh = [p for p in params if not opt.state.get(p)]
+    kept = params + [t for p in params if opt.state.get(p) for t in opt.state[p].values() if torch.is_tensor(t)]
+    before = [t.clone() for t in kept]
+    opt.step()
+    up = found_inf > 0
+    for t, old in zip(kept, before):
+        torch.where(up.to(t.device), old, t, out=t)
+    for p in fresh:
+        for key, t in opt.state[p].items():
+            if torch.is_tensor(t):
+                torch.where(up.to(t.device), torch.full_like(t, _INITIAL_STATE.get(key, 0.0)), t, out=t)

@@ -16,7 +16,7 @@ from seamkit import optim as OPT
 from seamkit.config.sections import EVAL_BATCHES_MAX
 from seamkit.data.load import load_corpus
 from seamkit.data.rows import eval_batches
-from seamkit.model import GPT, lm_loss
+from seamkit.model import GPT
 from seamkit.seams.arm import ArmSpec, run_arm
 from seamkit.seams.run import train_run
 
@@ -100,7 +100,7 @@ def test_final_loss_is_the_val_split_through_the_model(corpus, tmp_path):
     model = GPT(cfg.model)
     model.load_state_dict(checkpoint.load(tmp_path / "l.pt")["model"])
     with torch.no_grad():
-        losses = [lm_loss(model(x), y) for x, y in eval_batches(corpus, "val", cfg.data.batch, cfg.model.seq, 3)]
+        losses = [model.loss(model.hidden(x), y) for x, y in eval_batches(corpus, "val", cfg.data.batch, cfg.model.seq, 3)]
     assert r.final_loss == pytest.approx(torch.stack(losses).mean().item(), rel=1e-6)  # only summation order
     assert r.final_loss_stderr == pytest.approx(torch.stack(losses).double().std().item() / math.sqrt(3), rel=1e-5)
     assert r.eval_tokens == 3 * cfg.data.batch * cfg.model.seq

@@ -146,3 +146,50 @@ def test_parameters_in_parts_update_as_one_group_does(optimizer):
         OPT.step_at([split], 1e-3)
     for n, p, q in zip(names, a.parameters(), b.parameters()):
         assert torch.equal(p, q), n
+
+
+def _state_tensors(opt) -> list:
+    """Every tensor of an optimizer's state dict, in a fixed order."""
+    out = []
+
+    def walk(x):
+        if isinstance(x, dict):
+            for _, v in sorted(x.items(), key=lambda kv: str(kv[0])):
+                walk(v)
+        elif isinstance(x, (list, tuple)):
+            for v in x:
+                walk(v)
+        elif torch.is_tensor(x):
+            out.append(x)
+    walk(opt.state_dict())
+    return out
+
+
+@pytest.mark.parametrize("optimizer,nesterov", [("adamw", 0.0), ("muon", 0.0), ("adamw", 0.9)])
+@pytest.mark.parametrize("bad", [0, 2])
+def test_a_flagged_step_is_no_step_and_an_unflagged_one_is_the_plain_step(optimizer, nesterov, bad):
+    """Four steps; at step `bad` (0: the optimizer's first, its state not made yet) the flag is up.
+    Against a twin that skips that step on the host and steps plainly otherwise: every weight and
+    every state tensor torch.equal after each step, for fused AdamW (its own found_inf), Muon beside
+    AdamW and NAdamW (the copy put back on the device). Planted faults this catches: a masked step
+    that leaves the state a first step created (Muon's momentum, NAdam's mu_product) as the step made
+    it; a found_inf of 0 that still changes a bit."""
+    tc = C.override(C.tiny(), {"train.optimizer": optimizer}).train
+    torch.manual_seed(0)
+    plain = GPT(C.tiny().model)
+    masked = copy.deepcopy(plain)
+    o_plain, o_masked = OPT.make_optimizer(plain, tc, nesterov=nesterov), OPT.make_optimizer(masked, tc, nesterov=nesterov)
+    for i in range(4):
+        for m in (plain, masked):
+            torch.manual_seed(i)
+            m(torch.randint(0, 256, (2, 16))).pow(2).mean().backward()
+        if i != bad:
+            OPT.step_at([o_plain], 1e-3)
+        OPT.step_at([o_masked], 1e-3, torch.tensor(float(i == bad)))
+        for o in (o_plain, o_masked):
+            o.zero_grad(set_to_none=True)
+        assert all(torch.equal(p, q) for p, q in zip(plain.parameters(), masked.parameters())), i
+        if i >= bad:
+            assert all(torch.equal(a, b) for a, b in zip(_state_tensors(o_plain), _state_tensors(o_masked))) or \
+                i == bad == 0  # the plain twin has no state before its first step; the masked one a fresh one
+    assert all(torch.equal(a, b) for a, b in zip(_state_tensors(o_plain), _state_tensors(o_masked)))

@@ -17,6 +17,7 @@ from seamkit.config.parse import parse_arms, parse_choice, parse_seams, segments
 from seamkit.config.tokenizer_names import check_tokenizer, tokenizer_vocab
 
 OBJECTIVES = ("aux_head", "detached_head", "shared_head", "aux_block", "own_head")
+LOCAL_BACKWARDS = ("each", "once")
 CALIBRATIONS = ("auto", "run", "bench")  # where seams.placement=best finds each candidate's speed
 DTYPES = ("float32", "float64", "bfloat16")
 LR_SCHEDULES = ("budget", "steps")
@@ -201,12 +202,22 @@ class SeamsConfig:
     # with Nesterov momentum) at this beta1 (the paper's: 0.99) in place of train.optimizer=adamw. 0: off
     nesterov_momentum: float = ranged(0.0, ge=0, lt=1)
     arms: str = "e2e,local"  # the study's arms: a comma list of distinct names from e2e, local, delayed (e2e always)
+    # local arm: "each" backpropagates every segment's loss as soon as it is known, which frees that
+    # segment's activations before the next runs (local's memory saving); "once" takes one backward
+    # over every segment's loss after all forwards (one autocast region, the same gradients bit for
+    # bit, every activation alive until then). shared_head refuses "once": its head's gradient sums
+    # its segments' in another order
+    local_backward: str = "each"
 
     def __post_init__(self):
         check_fields(self, "seams")
         one_of("seams.objective", self.objective, OBJECTIVES)
         one_of("seams.order", self.order, ORDERS)
         one_of("seams.calibration", self.calibration, CALIBRATIONS)
+        one_of("seams.local_backward", self.local_backward, LOCAL_BACKWARDS)
+        if self.local_backward == "once" and self.objective == "shared_head":
+            raise ConfigError("seams.local_backward=once does not go with seams.objective=shared_head: the shared "
+                              "head's gradient would sum its segments' contributions in another order")
         arms = self.arm_names  # parsed here, whether or not a placement names an arm
         extra = [a for a in self.placements if a not in arms]
         if extra:

@@ -127,7 +127,8 @@ class SegmentParts:
         """The aux_head objective's loss on a segment output and its backward into the head."""
         hh = self.h.detach().requires_grad_(True)
         # read through one elementwise op: FlopCounterMode's module hooks refuse a leaf input
-        loss = local_loss("aux_head", hh + 0, self.y, self.head, self.classes, self.chain.ctx, self.chain.model)
+        loss = local_loss("aux_head", hh + 0, self.y, self.classes[self.y], self.head, self.chain.ctx,
+                          self.chain.model)
         return torch.autograd.grad(loss, [hh] + list(self.head.parameters()))
 
     def kept(self):

@@ -62,7 +62,7 @@ from torch.nn.parallel import DistributedDataParallel
 from seamkit.config import RunConfig
 from seamkit.seams.wire import wire_dtype
 from seamkit.forecast.turns import TimedModule, alone, timed_into, turns
-from seamkit.model import GPT, lm_loss, param_dtype, resolve_device
+from seamkit.model import GPT, param_dtype, resolve_device
 from seamkit.seams.launch import run_ranks
 from seamkit.seams.schedules import Stage
 from seamkit.torch_internals import batch_p2p, timed_stage_backwards, wait_batch_p2p
@@ -99,7 +99,7 @@ def _action_overhead(cfg: RunConfig, rows: int, repeats: int, device, group) -> 
     out = seg(x_BT[:rows]).detach()
     stage = pipelining.PipelineStage(seg, 0, 1, device, input_args=x_BT[:rows].clone(),
                                      output_args=torch.empty_like(out).requires_grad_(True), group=group)
-    sched = pipelining.ScheduleGPipe(stage, n_microbatches=MICRO, loss_fn=lambda o, y: lm_loss(o, y) / MICRO,
+    sched = pipelining.ScheduleGPipe(stage, n_microbatches=MICRO, loss_fn=lambda o, y: seg.loss(o, y) / MICRO,
                                      scale_grads=False)
 
     def step():
@@ -108,7 +108,7 @@ def _action_overhead(cfg: RunConfig, rows: int, repeats: int, device, group) -> 
     def direct():
         for k in range(MICRO):
             rows_k = slice(k * rows, (k + 1) * rows)
-            (lm_loss(seg(x_BT[rows_k]), y_BT[rows_k]) / MICRO).backward()
+            (seg.loss(seg(x_BT[rows_k]), y_BT[rows_k]) / MICRO).backward()
 
     def timed(fn):
         _sync(device)
@@ -210,9 +210,9 @@ def _pipe_factor(cfg: RunConfig, rows: int, repeats: int) -> float:
     h_BTC = torch.randn(rows, m.seq, m.dim, generator=g, dtype=dtype)
     g_BTC = torch.randn(rows, m.seq, m.dim, generator=g, dtype=dtype)
     spent = [0.0]
-    loss = timed_into(spent, lambda o, y: lm_loss(o, y) / MICRO)
+    loss = timed_into(spent, lambda o, y: seg.loss(o, y) / MICRO)
     inp = x_BT[:rows].clone() if first else torch.empty_like(h_BTC).requires_grad_(True)
-    out = torch.empty(rows, m.seq, m.vocab if last else m.dim, dtype=dtype, requires_grad=True)
+    out = torch.empty(rows, m.seq, m.dim, dtype=dtype, requires_grad=True)
     stage = pipelining.PipelineStage(TimedModule(seg, spent), rank, 2, cpu, input_args=inp, output_args=out)
     sched = pipelining.Schedule1F1B(stage, n_microbatches=MICRO, loss_fn=loss, scale_grads=False)
 
@@ -223,7 +223,7 @@ def _pipe_factor(cfg: RunConfig, rows: int, repeats: int) -> float:
             if first:
                 seg(x_BT[rows_k]).backward(g_BTC)
             else:
-                (lm_loss(seg(h_BTC.detach().requires_grad_(True)), y_BT[rows_k]) / MICRO).backward()
+                (seg.loss(seg(h_BTC.detach().requires_grad_(True)), y_BT[rows_k]) / MICRO).backward()
         t = time.perf_counter() - t
         seg.zero_grad(set_to_none=True)
         return t
@@ -252,7 +252,7 @@ def _dp_sync(cfg: RunConfig, rows: int, repeats: int) -> float:
         dist.barrier()
         t = time.perf_counter()
         with contextlib.nullcontext() if sync else ddp.no_sync():
-            lm_loss(ddp(x_BT), y_BT).backward()
+            seg.loss(ddp(x_BT), y_BT).backward()
         t = time.perf_counter() - t
         seg.zero_grad(set_to_none=True)
         return t

@@ -48,7 +48,7 @@ from seamkit.forecast.candidates import Candidate, needs_share, seg_blocks, shar
 from seamkit.forecast.parts import forward
 from seamkit.forecast.replay import B, torch_order
 from seamkit.forecast.turns import TimedModule, timed_into, turns
-from seamkit.model import GPT, lm_loss, param_dtype
+from seamkit.model import GPT, param_dtype
 from seamkit.seams.chain import Chain
 from seamkit.seams.launch import run_ranks
 from seamkit.seams.placement import SCHEDULE_CLASSES
@@ -117,11 +117,11 @@ class PipeWork:
         for v in self.mine:
             self.segs[v] = Stage(self.model, c.blocks[v], v == 0, v == self.V - 1, cpu, dtype, dtype, cfg.train.dtype)
             inp = self.x_BT[:c.rows].clone() if v == 0 else torch.empty_like(self.h_BTC).requires_grad_(True)
-            out = torch.empty(c.rows, m.seq, m.vocab if v == self.V - 1 else m.dim, dtype=dtype, requires_grad=True)
+            out = torch.empty(c.rows, m.seq, m.dim, dtype=dtype, requires_grad=True)
             stages.append(pipelining.PipelineStage(TimedModule(self.segs[v], self.spent), v, self.V, cpu,
                                                    input_args=inp, output_args=out))
         name, style = SCHEDULE_CLASSES[c.schedule]
-        loss = timed_into(self.spent, lambda o, y: lm_loss(o, y) / M)
+        loss = timed_into(self.spent, lambda o, y: self.segs[self.V - 1].loss(o, y) / M)
         self.sched = getattr(pipelining.schedules, name)(stages[0] if style == "single" else stages,
                                                          n_microbatches=M, loss_fn=loss, scale_grads=False)
         order = torch_order(c.schedule, c.devices, M).actions[rank]
@@ -153,7 +153,7 @@ class PipeWork:
             for v in self.mine:
                 inp = self.x_BT[rows] if v == 0 else self.h_BTC.detach().requires_grad_(True)
                 out = self.segs[v](inp)
-                self._backward(v, inp, lm_loss(out, self.y_BT[rows]) / self.c.micro_batches if v == self.V - 1
+                self._backward(v, inp, self.segs[v].loss(out, self.y_BT[rows]) / self.c.micro_batches if v == self.V - 1
                                else out)
         return time.perf_counter() - t
 

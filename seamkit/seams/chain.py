@@ -39,12 +39,13 @@ import torch.nn as nn
 from torch.func import functional_call
 
 from seamkit.config import RunConfig
-from seamkit.model import GPT, autocast, lm_loss, param_dtype
+from seamkit.model import GPT, autocast, param_dtype
 from seamkit.optim import make_optimizer
 from seamkit.seams import inflight as F
 from seamkit.seams import update as U
-from seamkit.seams.corrections import Feedback, Prediction, late_weights, rescale_lr
+from seamkit.seams.corrections import Feedback, Prediction
 from seamkit.seams.cuts import keep_held, owned_names
+from seamkit.readout import Report
 from seamkit.seams.objectives import local_loss, private_modules
 from seamkit.seams.policy import policy
 
@@ -102,8 +103,11 @@ class Chain:
             compile_model(self.model)
         params = dict(self.model.named_parameters())
         self.owned = {k: [(n, params[n]) for n in names[k]] for k in self.mine}
-        self.slots = {k: [order.index(n) for n in names[k]] for k in self.mine}
-        self.head_slot = {k: head_at[k] for k in self.mine if k in head_at}
+        head_slots = {k: list(range(at, at + len(list(heads[k].parameters())))) for k, at in head_at.items()}
+        held = [(k, False, order.index(n), p) for k in self.mine for n, p in self.owned[k]] + \
+            [(k, True, s, p) for k in self.mine if k in head_at for s, p in zip(head_slots[k], self._head_params(k))]
+        self.norm_slots = U.Slots(self.n_slots, {k: [order.index(n) for n in names[k]] for k in range(self.S)}, head_slots,
+                                  sorted(held, key=lambda e: e[2]), device)
         # the held segments' delays: what both corrections of the delayed arm scale by (0 for the other arms)
         self.taus = [self.delay_of(k) if self.policy.arm == "delayed" else 0 for k in self.mine]
         # per-tensor updates (AdamW elementwise, Muon a matrix at a time): a share updates as the whole does.
@@ -125,6 +129,10 @@ class Chain:
         self.stash = {k: deque() for k in self.mine}  # {"batch", "input", "weights"[, "rng", "out", "graph"]}
         self.inbox = {k: deque() for k in self.mine}  # {"due", "batch", "grad"}: output-gradients on their way
         self.bad = torch.zeros(self.S, device=device)  # outputs with a non-finite value, counted without a sync
+        self.sticky = torch.zeros((), device=device)  # a non-finite step seen, kept until the host reads it (`readout`)
+        # local: one backward over every segment's loss after all forwards (one autocast region,
+        # activations held to the end) instead of one per segment as soon as its loss is known
+        self.backward_once = not self.policy.crosses and cfg.seams.local_backward == "once"
         self.poison: set[int] = set()  # fault hook: these segments' next output is NaN
 
     # -- what the chain is
@@ -151,61 +159,80 @@ class Chain:
             h_BTC = self.model.blocks[i](h_BTC, self.ctx)
         return h_BTC
 
-    def loss(self, k: int, h_BTC, y_BT):
-        """Segment k's loss: the LM loss on the last one, else its local objective's (or None)."""
+    def loss(self, k: int, h_BTC, y_BT, c_BT=None):
+        """Segment k's loss: the LM loss on the last one, else its local objective's (or None).
+        c_BT: the targets' classes where the objective reads them (`classes_of`), taken once a step."""
         if k == self.last:
-            return lm_loss(self.model.head(self.model.norm(h_BTC)), y_BT)
+            return self.model.loss(h_BTC, y_BT)
         if self.policy.objective is None:
             return None
-        return local_loss(self.policy.objective, h_BTC, y_BT, self.heads[str(k)] if str(k) in self.heads else None,
-                          self.classes, self.ctx, self.model)
+        if c_BT is None:
+            c_BT = self.classes_of(y_BT)
+        return local_loss(self.policy.objective, h_BTC, y_BT, c_BT, self.heads[str(k)] if str(k) in self.heads else None,
+                          self.ctx, self.model)
+
+    def classes_of(self, y_BT):
+        """The aux objectives' class of every target (None where the objective reads no classes)."""
+        return None if self.classes is None else self.classes[y_BT]
 
     # -- one step
 
-    def step(self, x_BT: torch.Tensor | None, y_BT: torch.Tensor, lr: float) -> tuple[list[float], int | None]:
+    def step(self, x_BT: torch.Tensor | None, y_BT: torch.Tensor, lr: float) -> Report:
         """Step `self.t` on batch (x_BT, y_BT) (x_BT: None off the first rank, whose input is
-        received); returns (the training losses of the segments that have one, last the LM
-        loss; the segment whose loss or output went non-finite, else None). No update then."""
+        received). Returns its `Report`, on the device: the training losses of the segments that
+        have one (last the LM loss) and a non-finite flag per segment; where a flag is up the step
+        made no update. Nothing here reads a device value on the host."""
         t, pol = self.t, self.policy
         now, losses = {}, {}  # now: segments whose gradient comes this step: (input, output, local loss)
+        c_BT = self.classes_of(y_BT)  # once a step, for every segment's objective
         inp = x_BT if self.link.first else self.link.recv_activation()
-        for k in self.mine:
-            late = pol.crosses and self.delay_of(k) > 0
-            kept = late and pol.stashing
-            h_in = None if k == 0 else inp.detach()
-            if h_in is not None and (kept or (pol.crosses and not late)):
-                h_in.requires_grad_()
-            with torch.set_grad_enabled(not late or pol.objective is not None), self.autocast():
-                entry = None
-                if kept:
-                    weights = self.predict.weights(k, ahead=True) or {
-                        n: p.detach().clone().requires_grad_() for n, p in self.owned[k]}
-                    entry, out = self._stash_entry(k, t, x_BT if k == 0 else h_in, weights)
-                else:
-                    out = self.run(k, x_BT if k == 0 else None, h_in)
-                if k in self.poison:
-                    self.poison.discard(k)
-                    out = out * float("nan")
-                self.bad[k] += (~torch.isfinite(out.detach())).any()
-                if k == self.mine[-1] and k != self.last:
-                    self.link.send_activation(out)
-                loss = self.loss(k, out, y_BT)
-            if loss is not None:
-                losses[k] = loss.detach()
-            if not pol.crosses:  # local: now, before the next segment runs, which frees its activations
-                loss.backward()
-            elif late:
-                if loss is not None:
-                    self._local_now(k, loss, entry)
-                self.stash[k].append(entry or {"batch": t, "input": x_BT if k == 0 else h_in, "weights": None})
-            else:
-                now[k] = (h_in, out, loss)
-            inp = out
-        self._peak()
+        with self.autocast() if self.backward_once else contextlib.nullcontext():
+            for k in self.mine:
+                inp = self._segment(k, t, x_BT, inp, y_BT, c_BT, now, losses)
+        if self.backward_once:
+            torch.autograd.backward([self.policy.local_weight * losses[k] for k in self.mine])
+        self.note_peak()
         if pol.crosses:
             self._backward(now, t)
         self.t += 1
-        return self._update(losses, lr)
+        return U.end_of_step(self, {k: v.detach() for k, v in losses.items()}, lr)
+
+    def _segment(self, k: int, t: int, x_BT, inp, y_BT, c_BT, now: dict, losses: dict):
+        """Segment k's forward of step t and its loss; a local segment's backward at once (unless
+        the chain takes one backward), a late one's local loss and stash entry. Returns its output."""
+        pol = self.policy
+        late = pol.crosses and self.delay_of(k) > 0
+        kept = late and pol.stashing
+        h_in = None if k == 0 else inp.detach()
+        if h_in is not None and (kept or (pol.crosses and not late)):
+            h_in.requires_grad_()
+        region = contextlib.nullcontext() if self.backward_once else self.autocast()
+        with torch.set_grad_enabled(not late or pol.objective is not None), region:
+            entry = None
+            if kept:
+                weights = self.predict.weights(k, ahead=True) or {
+                    n: p.detach().clone().requires_grad_() for n, p in self.owned[k]}
+                entry, out = self._stash_entry(k, t, x_BT if k == 0 else h_in, weights)
+            else:
+                out = self.run(k, x_BT if k == 0 else None, h_in)
+            if k in self.poison:
+                self.poison.discard(k)
+                out = out * float("nan")
+            self.bad[k] += (~torch.isfinite(out.detach())).any()
+            if k == self.mine[-1] and k != self.last:
+                self.link.send_activation(out)
+            loss = self.loss(k, out, y_BT, c_BT)
+        if loss is not None:
+            losses[k] = loss
+        if not pol.crosses and not self.backward_once:  # local: before the next segment runs, which frees its activations
+            (pol.local_weight * loss).backward()  # weight 1: exact, and the loss stays a module's output, not the root
+        elif late:
+            if loss is not None:
+                self._local_now(k, loss, entry)
+            self.stash[k].append(entry or {"batch": t, "input": x_BT if k == 0 else h_in, "weights": None})
+        elif pol.crosses:
+            now[k] = (h_in, out, loss)
+        return out
 
     def _local_now(self, k: int, loss, entry: dict | None) -> None:
         """A late segment's local loss of this batch, backpropagated now into its live weights and head."""
@@ -255,7 +282,7 @@ class Chain:
                     self.link.send_gradient(g_in)
                 else:
                     self.inbox[k - 1].append({"due": t + self.policy.delay, "batch": batch, "grad": g_in})
-                self._peak()
+                self.note_peak()
 
     def _late_backward(self, k: int, entry: dict, g_BTC: torch.Tensor) -> torch.Tensor | None:
         """Segment k's backward of a kept batch: through its kept graph (stashed weights), or through
@@ -283,46 +310,12 @@ class Chain:
                      output_grad=g_BTC)
         return None if first else grads[-1]
 
-    def _update(self, losses: dict, lr: float) -> tuple[list[float], int | None]:
-        """The clip and the update (module docstring); (the losses, the first non-finite segment or None)."""
-        if not self.policy.crosses:
-            values = torch.stack([losses[k] for k in sorted(losses)]).tolist()
-            broken = [k for k, v in zip(sorted(losses), values) if not U.finite([v])]
-            if broken:
-                U.skip(self.opts)
-                return values, broken[0]
-            U.clip_each(self.groups, self.clip)
-            U.apply(self.opts, lr)
-            return values, None
-        P, S = self.n_slots, self.S
-        vec = torch.zeros(2 * P + 2 * S, device=self.device, dtype=self.dtype)
-        for k in self.mine:
-            U.norms_at(vec, self.slots[k], [p for _, p in self.owned[k]], P)
-            if k in self.head_slot:
-                hp = self._head_params(k)
-                U.norms_at(vec, list(range(self.head_slot[k], self.head_slot[k] + len(hp))), hp, P)
-        for k, loss in losses.items():
-            vec[2 * P + k] = loss
-        vec[2 * P + S:] += self.bad
-        self.bad.zero_()
-        self.link.all_reduce(vec)  # one writer per slot, zeros elsewhere: exact
-        slots, flags = vec[2 * P:2 * P + S].tolist(), vec[2 * P + S:].tolist()
-        values = [slots[k] for k in range(S) if k == self.last or self.policy.objective is not None]
-        broken = [k for k in range(S) if flags[k] > 0] or [k for k, v in enumerate(slots) if not U.finite([v])]
-        if broken:
-            U.skip(self.opts)
-            return values, broken[0]
-        params = [p for o in self.opts for g in o.param_groups for p in g["params"]]
-        U.clip(params, self.clip, U.global_norm(vec[:P], vec[P:2 * P]))
-        if self.lr_delay_steps:
-            rescale_lr(self.opt, self.lr_delay_steps, self.t - 1, self.taus)
-        before = late_weights(self.owned, self.corrections) if self.corrections else None
-        U.apply(self.opts, lr)
-        for c in self.corrections:
-            c.after_update(before)
-        self.link.commit_gradients(self.policy.delay)  # the sends the previous rank has taken by now
-        self._peak()
-        return values, None
+    def has_grad(self, t: int):
+        """Whether segment k's tensors (its GPT tensors, or its private module's) have a gradient at
+        step t, from the policy alone (`update.Slots`): the last segment and every segment with a
+        local loss always; a segment whose gradient comes late once its first one has arrived."""
+        objective = self.policy.objective is not None
+        return lambda k, head: objective if head else k == self.last or objective or t >= self.delay_of(k)
 
     # -- what is in flight
 
@@ -336,7 +329,7 @@ class Chain:
                                         (inp, None) if k == 0 else (None, inp))
         return {"batch": batch, "input": inp, "weights": weights, "rng": drawn, "out": out, "graph": graph}, out
 
-    def _peak(self) -> None:
+    def note_peak(self) -> None:
         if self.policy.crosses and self.policy.delay > 0:
             self.peak_kept_bytes = max(self.peak_kept_bytes, sum(c.nbytes() for c in self.corrections) + F.kept_bytes(
                 self.stash.values(), self.inbox.values(), self.link.inflight()))
@@ -396,7 +389,7 @@ class Chain:
                     for k in self.mine:
                         h = self.run(k, batch[0] if k == 0 else None, h)
                     if self.last in self.mine:
-                        losses.append(lm_loss(self.model.head(self.model.norm(h)), batch[1]))
+                        losses.append(self.model.loss(h, batch[1]))
                 if self.last not in self.mine:
                     self.link.send_eval(h)
         finally:

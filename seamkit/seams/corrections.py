@@ -77,10 +77,14 @@ class Prediction:
         return self.v.keys()
 
     @torch.no_grad()
-    def after_update(self, before: dict) -> None:
+    def after_update(self, before: dict, found_inf: torch.Tensor, has=None) -> None:
+        """The optimizer has moved each late segment from `before`: fold the move into v (where
+        `found_inf` is up the step made no update, and v stays as it was)."""
+        up = found_inf > 0
         for k in self.v:
             for (n, p), w in zip(self.owned[k], before[k]):
-                self.v[k][n].mul_(self.decay).add_(p - w, alpha=1.0 - self.decay)
+                v = self.v[k][n]
+                torch.where(up, v, torch.add(v * self.decay, p - w, alpha=1.0 - self.decay), out=v)
 
     def nbytes(self) -> int:
         return sum(t.nbytes for v in self.v.values() for t in v.values())
@@ -113,18 +117,22 @@ class Feedback:
         return self.u.keys()
 
     @torch.no_grad()
-    def after_update(self, before: dict) -> None:
-        """The optimizer has moved each late segment from `before` by u: add e*tau*(u - u_prev)."""
+    def after_update(self, before: dict, found_inf: torch.Tensor, has) -> None:
+        """The optimizer has moved each late segment from `before` by u: add e*tau*(u - u_prev).
+        Where `found_inf` is up the step made no update, and nothing moves or is kept. `has(k,
+        False)`: segment k had a gradient this step (`Chain.has_grad`): its gradients come late,
+        and until its first one its updates are zero, with nothing to feed back."""
+        up = found_inf > 0
         for k in self.u:
             new = [p - w for (_, p), w in zip(self.owned[k], before[k])]
             if self.seen[k]:
                 step = self.e * self.delays[k]
                 for (n, p), u in zip(self.owned[k], new):
-                    p.add_(u - self.u[k][n], alpha=step)
-            else:  # the segment's gradients come late: until its first one its updates are zero
-                self.seen[k] = any(bool(u.any()) for u in new)
+                    torch.where(up, p, torch.add(p, u - self.u[k][n], alpha=step), out=p)
+            else:
+                self.seen[k] = has(k, False)
             for (n, _), u in zip(self.owned[k], new):
-                self.u[k][n].copy_(u)
+                torch.where(up, self.u[k][n], u, out=self.u[k][n])
 
     def nbytes(self) -> int:
         return sum(t.nbytes for u in self.u.values() for t in u.values())

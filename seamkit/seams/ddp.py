@@ -9,9 +9,10 @@ one process, summed in another order. With N a power of two the division is exac
 gradients equal, bit for bit, one process accumulating N micro-batches of b rows (each loss / N).
 
 The step's decision. After backward, one small all_reduce (float64: the ranks' float32 losses add
-exactly) carries each rank's loss, rank 0's word and one non-finite flag per rank. A non-finite
-loss on any rank fails the arm on every rank at that step, with no update, and names the first
-rank it showed on. The clip is `clip_grad_norm_` on the averaged gradients, the same on every
+exactly) carries each rank's loss and one non-finite flag per rank; rank 0's word goes round on
+the host beside it (`wire.Wire.agree_word`). A non-finite loss on any rank makes no update on any
+rank, decided on the device, and fails the arm on every rank at that step once the host reads it
+(`readout`), naming the first rank it showed on. The clip is `clip_grad_norm_` on the averaged gradients, the same on every
 rank, as one process clips.
 
 Traffic. The comm hook counts what DDP all-reduces (bytes, calls, seconds from issue to
@@ -28,8 +29,9 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from seamkit.config import RunConfig
-from seamkit.model import lm_loss, param_dtype
+from seamkit.model import param_dtype
 from seamkit.optim import make_optimizer
+from seamkit.readout import Report, found_inf
 from seamkit.seams import update as U
 from seamkit.seams.placement import Layout
 from seamkit.seams.schedules import build_stages
@@ -55,6 +57,7 @@ class DDPStep:
         self.ar_bytes = self.ar_calls = self.steps = 0
         self.ar_spans: list = []  # (start, end) marks of every bucket's all-reduce
         self.ar_s0 = 0.0  # all-reduce seconds before a resume
+        self.sticky = torch.zeros((), device=device)  # a non-finite step seen, until the host reads it (`readout`)
 
     # -- the gradient all-reduce, measured
 
@@ -90,29 +93,27 @@ class DDPStep:
 
     # -- the step
 
-    def step(self, x_BT, y_BT, lr: float, word=lambda: 0) -> tuple[list[float], int | None, int]:
-        """One step on this rank's rows of the global batch; (the mean loss, the first rank whose
-        loss or output went non-finite or None, rank 0's word as every rank received it)."""
+    def step(self, x_BT, y_BT, lr: float, word=lambda: 0) -> tuple[Report, int]:
+        """One step on this rank's rows of the global batch; (its Report: the mean loss and a
+        non-finite flag per rank, none read on the host; rank 0's word as every rank received it)."""
         N, r, b = self.world, self.rank, self.lay.rows
-        loss = lm_loss(self.ddp(x_BT[r * b:(r + 1) * b]), y_BT[r * b:(r + 1) * b])
+        loss = self.seg.loss(self.ddp(x_BT[r * b:(r + 1) * b]), y_BT[r * b:(r + 1) * b])
         loss.backward()  # the comm hook all-reduces bucket by bucket while backward runs
         self.steps += 1
-        vec = torch.zeros(2 + N, device=self.device, dtype=torch.float64)  # loss | word | non-finite per rank
+        vec = torch.zeros(1 + N, device=self.device, dtype=torch.float64)  # loss | non-finite per rank
         vec[0] = loss.detach()
-        vec[2 + r] = self.seg.bad + (~torch.isfinite(loss.detach()))
+        vec[1 + r] = self.seg.bad + (~torch.isfinite(loss.detach()))
         self.seg.bad.zero_()
-        vec[1] = word()  # rank 0 decides now, once the step's compute is on the clock
+        word = self.wire.agree_word(word())  # rank 0 decides now, once the step's compute is queued
         self.wire.all_reduce(vec)  # one value and zeros per slot but the loss: exact
-        mean, word = (vec[0] / N).item(), int(vec[1].item())
-        flags = vec[2:].tolist()
-        broken = [k for k in range(N) if flags[k] > 0] or ([0] if not U.finite([mean]) else [])
-        if broken:
-            U.skip(self.opts)
-            return [mean], broken[0], word
+        mean = vec[0:1] / N
+        bad_mean = torch.cat([(~torch.isfinite(mean)).to(vec.dtype), torch.zeros(N - 1, device=self.device,
+                                                                                   dtype=vec.dtype)])
+        flags = torch.stack([vec[1:], bad_mean])  # a rank's own flag first, then the mean's
         if self.cfg.train.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(self.seg.parameters(), self.cfg.train.grad_clip)
-        U.apply(self.opts, lr)
-        return [mean], None, word
+        U.apply(self.opts, lr, found_inf(flags, self.sticky))
+        return Report(mean, flags), word
 
     def plant(self, how: str) -> None:
         self.seg.poison = True
@@ -138,7 +139,7 @@ class DDPStep:
             return []
         self.seg.eval()
         try:
-            return [lm_loss(self.seg(x_BT), y_BT) for x_BT, y_BT in batches]
+            return [self.seg.loss(self.seg(x_BT), y_BT) for x_BT, y_BT in batches]
         finally:
             self.seg.train()
 

@@ -84,7 +84,9 @@ def is_comm_error(msg: str) -> bool:
 
 
 def backend_of(device: torch.device) -> str:
-    return "nccl" if device.type == "cuda" else "gloo"
+    """gloo on the CPU; on CUDA NCCL for the tensors on GPUs and gloo for the CPU tensors beside
+    them (the ranks' control words: `seams.wire`)."""
+    return "cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo"
 
 
 # ----------------------------------------------------------------------------- one rank

@@ -21,7 +21,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from seamkit.config import ConfigError, ModelConfig
-from seamkit.model import GPT, Block, lm_loss
+from seamkit.losses import linear_cross_entropy
+from seamkit.model import GPT, Block
 
 PRIVATE = ("aux_head", "aux_block", "own_head")  # objectives whose non-final segments own a module (any rank can hold it)
 
@@ -44,8 +45,12 @@ class AuxHead(nn.Module):
         w = torch.empty(self.head.weight.shape, dtype=torch.float32).normal_(0.0, 0.02, generator=generator)
         self.head.weight.copy_(w)
 
-    def forward(self, h_BTC: torch.Tensor) -> torch.Tensor:
-        return self.head(self.norm(h_BTC))
+    def forward(self, h_BTC: torch.Tensor, y_BT: torch.Tensor | None = None) -> torch.Tensor:
+        """The logits; with class ids y_BT, the read-out's cross-entropy against them instead, chunk by
+        chunk (`losses.linear_cross_entropy`), never the full logits. (A module call either way, so
+        the FLOP counter's per-module table finds the head's work under its class name.)"""
+        z = self.norm(h_BTC)
+        return self.head(z) if y_BT is None else linear_cross_entropy(z, self.head.weight, y_BT)
 
 
 class AuxBlock(nn.Module):
@@ -72,8 +77,8 @@ class AuxBlock(nn.Module):
                 p.copy_(torch.empty(p.shape, dtype=torch.float32).normal_(0.0, std, generator=generator))
         self.out.reset_parameters(generator)
 
-    def forward(self, h_BTC: torch.Tensor, ctx) -> torch.Tensor:
-        return self.out(self.block(h_BTC, ctx))
+    def forward(self, h_BTC: torch.Tensor, ctx, y_BT: torch.Tensor | None = None) -> torch.Tensor:
+        return self.out(self.block(h_BTC, ctx), y_BT)
 
 
 def class_map(counts, k: int) -> torch.Tensor:
@@ -133,25 +138,28 @@ def private_modules(objective: str | None, cfg, model: GPT, corpus, n: int) -> t
     return dict(enumerate(heads)), classes
 
 
-def local_loss(objective: str, h_BTC: torch.Tensor, y_BT: torch.Tensor, head, classes, ctx, model) -> torch.Tensor:
-    """A non-final segment's loss on its output h_BTC (whose input was detached at the seam):
-      aux_head       its own AuxHead over `classes` (the map from `class_map`);
-      aux_block      its own AuxBlock (a transformer block, then an AuxHead) over `classes`;
+def local_loss(objective: str, h_BTC: torch.Tensor, y_BT: torch.Tensor, c_BT: torch.Tensor | None, head, ctx,
+               model) -> torch.Tensor:
+    """A non-final segment's loss on its output h_BTC (whose input was detached at the seam), every
+    read-out's cross-entropy chunked (`losses.linear_cross_entropy`):
+      aux_head       its own AuxHead against c_BT, the targets' classes (`class_map` of y_BT, taken
+                     once a step for every segment);
+      aux_block      its own AuxBlock (a transformer block, then an AuxHead) against c_BT;
       own_head       its own copy of the final norm and LM head, on the next tokens;
       detached_head  the current final norm and LM head with their weights detached;
       shared_head    the final norm and LM head themselves (they learn from every segment)."""
     if objective == "aux_head":
-        return lm_loss(head(h_BTC), classes[y_BT])
+        return head(h_BTC, c_BT)
     if objective == "aux_block":
-        return lm_loss(head(h_BTC, ctx), classes[y_BT])
+        return head(h_BTC, ctx, c_BT)
     if objective == "own_head":
-        return lm_loss(head(h_BTC), y_BT)
+        return head(h_BTC, y_BT)
     if objective == "detached_head":
         n = model.norm
         z = F.rms_norm(h_BTC, n.normalized_shape, n.weight.detach(), n.eps)
-        return lm_loss(F.linear(z, model.head.weight.detach()), y_BT)
+        return linear_cross_entropy(z, model.head.weight.detach(), y_BT)
     if objective == "shared_head":
-        return lm_loss(model.head(model.norm(h_BTC)), y_BT)
+        return model.loss(h_BTC, y_BT)
     raise ConfigError(f"unknown local objective {objective!r}")
 
 

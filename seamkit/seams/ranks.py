@@ -29,7 +29,7 @@ from typing import Callable
 
 import torch
 
-from seamkit import checkpoint
+from seamkit import checkpoint, readout
 from seamkit.config import RunConfig
 from seamkit.data.rows import RowLoader
 from seamkit.loop import BudgetLoop, Clock, mean_and_stderr
@@ -79,6 +79,7 @@ class RankLoop:
         self.wire_steps, self.failed_here = 0, False
         self.clock: Clock | None = None
         self.loop: BudgetLoop | None = None
+        self.readout = readout.Readout(device)  # each step's losses and flags, on their way to the host
 
     # -- words
 
@@ -95,8 +96,12 @@ class RankLoop:
 
     def obey(self, word: int, steps: int) -> bool:
         """Every rank, at the boundary `word` is for: leave its state for the checkpoint (SAVE),
-        hand the turn on (PAUSE), or end the loop (STOP, INTERRUPT, FAILED). True: go on."""
+        hand the turn on (PAUSE), or end the loop (STOP, INTERRUPT, FAILED). True: go on. Any word
+        but GO is a reading: the reports still on their way are read first, and a failure among
+        them ends the loop instead."""
         stopped_at = time.monotonic()  # this rank's computing stopped here (the save is off the clock)
+        if word != GO and not self.read(drain=True):
+            return False
         save, word = bool(word & SAVE), kind(word)
         if save and word in (GO, PAUSE):
             with self.clock.paused():
@@ -119,9 +124,8 @@ class RankLoop:
         memory = Baseline.start(self.device)
         if resume is not None:
             self.restore(resume)
-        sync = (lambda: torch.cuda.synchronize(self.device)) if self.device.type == "cuda" else (lambda: None)
         self.turns.first()
-        self.clock = Clock(sync)
+        self.clock = Clock(lambda: readout.sync_device(self.device))
         self.loop = BudgetLoop(tc, per_step, self.clock, self.emit if holds_curve else None,
                                after_step=self._snapshot if self.snaps is not None else None,
                                resume=resume["loop"] if resume is not None else None)
@@ -133,6 +137,8 @@ class RankLoop:
             if self.rank != 0 or getattr(self.step, "world", 1) > 1:
                 raise
             self.loop.interrupt()
+        if self.loop.run["status"] != "failed":
+            self.read(drain=True)
         self.final = self.state()
         if self.step.word_before and hasattr(self.step, "agree_failed"):
             if self.step.agree_failed(self.loop.run["status"] == "failed"):
@@ -156,49 +162,59 @@ class RankLoop:
 
     def _steps(self) -> None:
         loop, step_obj = self.loop, self.step
-        if not step_obj.word_before and not self.obey(self._first_word(), loop.steps):
+        if not step_obj.word_before and not self.obey(self._first_word(), loop.launched):
             return
         while True:
             if step_obj.word_before:
-                word = step_obj.control(self.decide(loop.steps) if self.rank == 0 else None)
-                if not self.obey(word, loop.steps):
+                word = step_obj.control(self.decide(loop.launched) if self.rank == 0 else None)
+                if not self.obey(word, loop.launched):
                     return
                 if kind(word) == PAUSE or getattr(step_obj, "skip_step", lambda: False)():
                     continue
             step, t0, lr = loop.begin()
             x_BT, y_BT = self.loader.next()
             how = fault(self.rank, step, self.lay.arm)
-            w0, c0 = self.wait.s, time.perf_counter()
+            w0, c0 = self.wait.host_s, time.perf_counter()
             if how == "slow":  # a slower device: its time is this rank's compute
                 time.sleep(SLOW_S)
             elif how is not None and how.startswith("nan"):
                 step_obj.plant(how)
             if step_obj.word_before:
-                values, broken = step_obj.step(x_BT, y_BT, lr)
+                report = step_obj.step(x_BT, y_BT, lr)
             else:
-                values, broken, word = step_obj.step(x_BT, y_BT, lr,
-                                                     lambda: self.decide(step + 1) if self.rank == 0 else 0)
-            self.compute += time.perf_counter() - c0 - (self.wait.s - w0)
+                report, word = step_obj.step(x_BT, y_BT, lr, lambda: self.decide(step + 1) if self.rank == 0 else 0)
+            self.compute += time.perf_counter() - c0 - (self.wait.host_s - w0)
             self.wire_steps += 1
-            if broken is not None:
-                loop.fail(step)
-                if getattr(step_obj, "independent", False):  # a local stage: the others hear of it
-                    self.failed_here = True
-                    continue
-                self.failed_here = self.lay.owner[broken] == self.rank if self.lay.kind != "dp" else broken == self.rank
+            loop.ran(step, t0)
+            self.readout.push((step, t0, lr), report)
+            if not self.read():
                 return
-            loop.stepped(step, t0, lr, values)
             if not step_obj.word_before and not self.obey(word, step + 1):
                 return
 
+    def read(self, drain: bool = False) -> bool:
+        """Take the step reports that have reached the host (all of them where `drain`), in step
+        order: their losses fill the curve; a non-finite one fails the arm at its step. False: the
+        loop ends here (a local stage that failed goes on taking what upstream sends)."""
+        for (step, t0, lr), values, broken in (self.readout.drain() if drain else self.readout.ready()):
+            if broken is None:
+                self.loop.stepped(step, t0, lr, values)
+                continue
+            self.loop.fail(step)
+            self.readout.queue.clear()  # steps after a failed one made no update and fill no point
+            if getattr(self.step, "independent", False):  # a local stage: the others hear of it
+                self.failed_here = True
+                self.step.failed_at(step)
+                return True
+            self.failed_here = self.lay.owner[broken] == self.rank if self.lay.kind != "dp" else broken == self.rank
+            return False
+        return True
+
     def _first_word(self) -> int:
-        """Pipe and dp: rank 0's word before the first step, which no step's all_reduce carries.
-        An arm resumed at its budget's end (a Ctrl-C at its last boundary) stops here instead of
-        taking a step past max_steps."""
-        vec = torch.zeros(1, dtype=torch.float64, device=self.device)
-        if self.rank == 0:
-            vec[0] = self.decide(self.loop.steps)
-        return int(self.step.wire.all_reduce(vec).item())
+        """Pipe and dp: rank 0's word before the first step, which no step carries. An arm resumed
+        at its budget's end (a Ctrl-C at its last boundary) stops here instead of taking a step
+        past max_steps."""
+        return self.step.wire.agree_word(self.decide(self.loop.launched) if self.rank == 0 else 0)
 
     def _snapshot(self, steps: int, elapsed_s: float) -> None:
         """The loop's `after_step` (off the clock): this rank's share of the weights when `steps`

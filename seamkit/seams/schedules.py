@@ -3,14 +3,16 @@
 Each rank wraps its virtual stages (`Layout.owner`: one, or two for the multi-stage schedules)
 in a `CountedStage`, a PipelineStage that counts every P2P op it hands to the schedule and times
 its own forward and backward chunks. Shapes are given up front (static mode: no metadata messages
-at step time). The loss is `lm_loss(logits_b, y_b) / M` per micro-batch with `scale_grads=False`,
+at step time). The loss is the last stage's `loss(h_b, y_b) / M` per micro-batch (the LM head read
+chunk by chunk, `losses.linear_cross_entropy`) with `scale_grads=False`,
 so each micro-batch backpropagates exactly what one process doing the same micro-batched step
 backpropagates, and the gradients accumulate over micro-batches in the same order.
 
 After the schedule's step, one small all_reduce carries every parameter tensor's gradient norm
-at its place in the GPT's order, the summed loss, one non-finite flag per stage and rank 0's
-word; every rank then clips by the global norm exactly as one process clips (`update`), and sees
-a non-finite loss, and the first stage that produced a non-finite output, at the same step.
+at its place in the GPT's order, the summed loss and one non-finite flag per stage, and rank 0's
+word goes round on the host beside it (`wire.Wire.agree_word`); every rank then clips by the
+global norm exactly as one process clips (`update`), and makes no update, decided on the device,
+where a loss or a stage's output went non-finite; the host reads which (`readout`).
 """
 
 from __future__ import annotations
@@ -20,8 +22,10 @@ import torch.nn as nn
 from torch.distributed import pipelining
 
 from seamkit.config import RunConfig
-from seamkit.model import GPT, autocast, lm_loss, param_dtype
+from seamkit.losses import linear_cross_entropy
+from seamkit.model import GPT, autocast, param_dtype
 from seamkit.optim import make_optimizer
+from seamkit.readout import Report, found_inf
 from seamkit.seams import update as U
 from seamkit.seams.placement import SCHEDULE_CLASSES, Layout
 from seamkit.seams.wire import Tally, Timer, Wire
@@ -31,9 +35,10 @@ from seamkit.torch_internals import timed_pipeline_waits
 class Stage(nn.Module):
     """Blocks of a GPT as one pipeline stage; parameter names are the GPT's.
 
-    Input x_BT (first stage) or h_BTC at the wire dtype; output h_BTC at the wire dtype, or logits
-    on the last stage. The casts to and from the wire dtype sit inside, so autograd casts the
-    gradient crossing back the same way. bf16 autocast (CUDA) wraps the compute.
+    Input x_BT (first stage) or h_BTC at the wire dtype; output h_BTC at the wire dtype, on the
+    last stage after the final norm: its LM head is read by `loss`, chunk by chunk, so no stage
+    ever holds the full logits. The casts to and from the wire dtype sit inside, so autograd casts
+    the gradient crossing back the same way. bf16 autocast (CUDA) wraps the compute.
     """
 
     def __init__(self, model: GPT, blocks: list[int], first: bool, last: bool, device: torch.device,
@@ -53,13 +58,19 @@ class Stage(nn.Module):
             h_BTC = self.embed(inp) if self.embed is not None else inp.to(self.compute_dtype)
             for block in self.blocks.values():
                 h_BTC = block(h_BTC, self.ctx)
-            out = self.head(self.norm(h_BTC)) if self.head is not None else h_BTC.to(self.wire_dtype)
+            out = (self.norm(h_BTC) if self.head is not None else h_BTC).to(self.wire_dtype)
         if self.poison:
             self.poison = False
             out = out * float("nan")
         if self.training:
             self.bad += (~torch.isfinite(out.detach())).any()
         return out
+
+
+    def loss(self, h_BTC: torch.Tensor, y_BT: torch.Tensor) -> torch.Tensor:
+        """The last stage's LM loss of its output (`losses.linear_cross_entropy` over the head)."""
+        with autocast(self.device, self.dtype_name):
+            return linear_cross_entropy(h_BTC, self.head.weight, y_BT)
 
 
 class CountedStage(pipelining.PipelineStage):
@@ -118,15 +129,12 @@ class PipeStep:
         self.mine, V, M, m = lay.held_by(rank), len(lay.segs), lay.micro_batches, cfg.model
         self.n = len(names)
         self.offsets = {v: names.index(next(n for n, _ in s.named_parameters())) for v, s in self.segs.items()}
-        on_gpu_bf16 = device.type == "cuda" and cfg.train.dtype in ("float32", "bfloat16")  # model.autocast's rule
-        logits = torch.bfloat16 if on_gpu_bf16 else param_dtype(cfg.train.dtype)
         b, stages = lay.rows, []
         for v in self.mine:
             # static shapes; requires_grad marks what has a gradient to send back
             inp = torch.empty(b, m.seq, dtype=torch.long, device=device) if v == 0 else \
                 torch.empty(b, m.seq, m.dim, dtype=wire_dtype, device=device, requires_grad=True)
-            out = torch.empty(b, m.seq, m.vocab, dtype=logits, device=device, requires_grad=True) if v == V - 1 \
-                else torch.empty(b, m.seq, m.dim, dtype=wire_dtype, device=device, requires_grad=True)
+            out = torch.empty(b, m.seq, m.dim, dtype=wire_dtype, device=device, requires_grad=True)
             stages.append(CountedStage(self.segs[v], v, V, device, input_args=inp, output_args=out, tally=self.tally))
         name, style = SCHEDULE_CLASSES[lay.placement.schedule]
         cls = getattr(pipelining.schedules, name)
@@ -135,24 +143,26 @@ class PipeStep:
         self.module = nn.ModuleList(self.segs[v] for v in self.mine)
         self.opt = make_optimizer(self.module, cfg.train)
         self.opts = [self.opt]
+        held = [(v, False, self.offsets[v] + i, p) for v in self.mine for i, p in enumerate(self.segs[v].parameters())]
+        self.norm_slots = U.Slots(self.n, {v: [e[2] for e in held if e[0] == v] for v in self.mine}, {}, held, device)
+        self.sticky = torch.zeros((), device=device)  # a non-finite step seen, until the host reads it (`readout`)
 
-    def _loss(self, logits_bTV, y_bT):
-        return lm_loss(logits_bTV, y_bT) / self.lay.micro_batches
+    def _loss(self, h_bTC, y_bT):
+        return self.segs[len(self.lay.segs) - 1].loss(h_bTC, y_bT) / self.lay.micro_batches
 
-    def step(self, x_BT, y_BT, lr: float, word=lambda: 0) -> tuple[list[float], int | None, int]:
-        """One micro-batched step; (its loss, the first stage whose output went non-finite or None,
-        rank 0's word as every rank received it)."""
+    def step(self, x_BT, y_BT, lr: float, word=lambda: 0) -> tuple[Report, int]:
+        """One micro-batched step; (its Report: the loss and a non-finite flag per stage, none
+        read on the host; rank 0's word as every rank received it)."""
         n, V = self.n, len(self.lay.segs)
         losses: list = []
         with timed_pipeline_waits(self.wait):
             self.sched.step(*((x_BT,) if 0 in self.mine else ()),
                             target=y_BT if self.rank == self.lay.loss_rank else None, losses=losses,
                             return_outputs=False)
-        # gradient norms at their places in the GPT's order | loss | non-finite per stage | word
-        vec = torch.zeros(n + 1 + V + 1, device=self.device, dtype=param_dtype(self.cfg.train.dtype))
+        # gradient norms at their places in the GPT's order | loss | non-finite per stage
+        vec = torch.zeros(n + 1 + V, device=self.device, dtype=param_dtype(self.cfg.train.dtype))
+        self.norm_slots.norms(vec, lambda v, head: True)
         for v, seg in self.segs.items():
-            params = list(seg.parameters())
-            U.norms_at(vec, list(range(self.offsets[v], self.offsets[v] + len(params))), params)
             vec[n + 1 + v] = seg.bad
             seg.bad.zero_()
         if self.rank == self.lay.loss_rank:
@@ -160,16 +170,14 @@ class PipeStep:
             for loss in losses:  # micro-batch order, as one process adds them
                 total += loss.detach()
             vec[n] = total
-        vec[-1] = word()  # rank 0 decides now, once the step's compute is on the clock
+        word = self.wire.agree_word(word())  # rank 0 decides now, once the step's compute is queued
         self.wire.all_reduce(vec)  # sums of one value and zeros: exact
-        loss, flags, word = vec[n].item(), vec[n + 1:n + 1 + V].tolist(), int(vec[-1].item())
-        broken = [v for v in range(V) if flags[v] > 0] or ([V - 1] if not U.finite([loss]) else [])
-        if broken:
-            U.skip(self.opts)
-            return [loss], broken[0], word
+        loss = vec[n:n + 1]
+        bad_loss = torch.cat([torch.zeros(V - 1, device=self.device), (~torch.isfinite(loss)).to(torch.float32)])
+        flags = torch.stack([vec[n + 1:].to(torch.float32), bad_loss])  # a stage's output first, then the loss
         U.clip(self.module.parameters(), self.cfg.train.grad_clip, U.global_norm(vec[:n]))
-        U.apply(self.opts, lr)
-        return [loss], None, word
+        U.apply(self.opts, lr, found_inf(flags, self.sticky))
+        return Report(loss, flags), word
 
     def plant(self, how: str) -> None:
         self.segs[self.mine[int(how.partition("@")[2] or 0)]].poison = True
@@ -202,7 +210,7 @@ class PipeStep:
                                    "eval", boundary=v - 1)
                 out = self.segs[v](inp)
                 if v == V - 1:
-                    losses.append(lm_loss(out, batch[1]))
+                    losses.append(self.segs[v].loss(out, batch[1]))
                 elif owner[v + 1] != self.rank:
                     self.wire.send(out, owner[v + 1], "eval", boundary=v)
                     self.wire.commit(2)

@@ -23,6 +23,7 @@ import torch
 
 from seamkit.config import RunConfig
 from seamkit.model import param_dtype
+from seamkit.readout import Report
 from seamkit.seams.chain import Alone, Chain
 from seamkit.seams.placement import QUEUE, Layout
 from seamkit.seams.wire import ChainLink, Tally, Timer, Wire
@@ -67,12 +68,10 @@ class ChainStep:
         if self.world == 1:
             return word
         if not self.first:
-            buf = self.wire.recv((1,), self.rank - 1, "control", dtype=torch.long, boundary=self.link.seam_in)
-            word = int(buf.item())
+            word = self.wire.recv_word(self.rank - 1, self.link.seam_in)
         passed = FAILED if self.failed and kind(word) == GO else word
         if not self.link.last and not self.told_stop:  # a stage that stopped takes no more messages
-            self.wire.send(torch.tensor([passed], dtype=torch.long, device=self.device), self.rank + 1, "control",
-                           boundary=self.link.seam_out)
+            self.wire.send_word(passed, self.rank + 1, self.link.seam_out)
             self.told_stop = kind(passed) not in (GO, PAUSE)
         return word
 
@@ -89,12 +88,13 @@ class ChainStep:
 
     # -- the step
 
-    def step(self, x_BT, y_BT, lr: float, word=None) -> tuple[list[float], int | None]:
-        values, broken = self.chain.step(x_BT if self.first else None, y_BT, lr)
-        if broken is not None and self.independent:
-            self.failed = True
-            self.faults.set(self.key, f"{self.rank}:{self.chain.t - 1}")
-        return values, broken
+    def step(self, x_BT, y_BT, lr: float) -> Report:
+        return self.chain.step(x_BT if self.first else None, y_BT, lr)
+
+    def failed_at(self, step: int) -> None:
+        """A local stage has read that its step `step` went non-finite: the others hear of it."""
+        self.failed = True
+        self.faults.set(self.key, f"{self.rank}:{step}")
 
     def plant(self, how: str) -> None:
         """A planted fault: "nan" the output of this rank's first segment, "nan@K" of its K-th."""

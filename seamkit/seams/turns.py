@@ -77,7 +77,8 @@ class ArmTurns:
 
     def due(self, clock: Clock, steps: int) -> bool:
         """Rank 0, after `steps` steps: this turn's slice is used up (a turn runs at least one step)."""
-        return self.shared is not None and steps > self.steps0 and clock.elapsed() - self.t0 >= self.slice_s
+        return (self.shared is not None and steps > self.steps0 and clock.elapsed() - self.t0 >= self.slice_s
+                and clock.settled() - self.t0 >= self.slice_s)  # the host's clock first, then a reading
 
     def pause(self, clock: Clock, steps: int, stopped_at: float, hand_on: bool = True) -> None:
         """Every rank, at the step boundary rank 0 named: count the arm's last rank's stop, then
@@ -87,7 +88,7 @@ class ArmTurns:
         clock.count(max(0.0, last - stopped_at))
         if not hand_on or self.shared is None:
             return
-        self._record(steps, clock.elapsed(), wall_end=last)
+        self._record(steps, clock.settled(), wall_end=last)
         with clock.paused():
             if self.rank == 0:
                 self.emit({"kind": "_turn", "done": False})

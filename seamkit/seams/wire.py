@@ -11,21 +11,28 @@ schedule (`e2e.CountedStage`), i.e. the tensors the schedule actually sends and 
 Waits. Time blocked on the wire is timed where it happens, never derived from the rest: the
 local arm times its receives and the waits for its sends to be taken; the pipe placement times every
 `work.wait()` a pipelining schedule makes (`torch_internals.timed_pipeline_waits`, around the one
-function all schedules block through) and its all_reduce. On CUDA a wait is followed by
-`torch.cuda.synchronize`, because NCCL's wait only orders streams: the host clock then covers the
-transfer. Compute is timed separately (forward, loss, backward, optimizer), in blocks that never
-hold a wait; both timers and the training clock read `time.perf_counter` and are read together
-when training ends (evaluation's waits come after). So compute + wait <= elapsed is a check, not
-an identity, exact up to float addition, and a rank held up by a slow neighbour shows it as wait.
+function all schedules block through) and its all_reduce. On CUDA NCCL's wait only orders
+streams, so a wait is a pair of CUDA events, read at the end (`Timer`), and the host never stops
+for it. Compute is timed separately (forward, loss, backward, optimizer), in blocks that never
+hold a wait; on the CPU both timers and the training clock read `time.perf_counter` and are read
+together when training ends (evaluation's waits come after). So compute + wait <= elapsed is a
+check, not an identity, exact up to float addition, and a rank held up by a slow neighbour shows
+it as wait. (On CUDA the compute timer is the host's time queueing the work.)
+
+Control words (rank 0's word for every step boundary) are CPU tensors: a process group on CUDA
+takes them over gloo beside NCCL (`launch.backend_of`), so reading one never waits on a GPU.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections import Counter, deque
 
 import torch
 import torch.distributed as dist
+
+from seamkit import readout
 
 TAGS = {"control": 1, "activation": 2, "gradient": 3, "eval": 4}
 
@@ -48,27 +55,64 @@ class Tally:
 
 
 class Timer:
-    """Seconds spent inside `with timer:` blocks; on CUDA each block ends with a synchronize."""
+    """Seconds spent inside `with timer:` blocks (a block inside a block counts once).
+
+    On the CPU a wait blocks the host: the host's clock times it (`host_s`, and `s` the same).
+    On CUDA an NCCL wait only orders streams and the host goes on: each block is a pair of CUDA
+    events around what the device waits for, read once the device has run them (`s` is a reading:
+    it waits for the device first), so no block makes the host wait. `host_s` is then what the
+    host itself spent blocked, which the step's compute timer leaves out."""
 
     def __init__(self, device: torch.device):
-        self.s = 0.0
+        self.host_s, self.device_s = 0.0, 0.0
         self.cuda = device.type == "cuda"
         self.device = device
-        self.depth = 0  # a block inside a block counts once
+        self.depth = 0
+        self.events: list = []  # CUDA: (start, end) of every block not read yet
+
+    @property
+    def s(self) -> float:
+        if not self.cuda:
+            return self.host_s
+        if self.events:
+            readout.sync_device(self.device)
+            self.device_s += sum(a.elapsed_time(b) for a, b in self.events) / 1000
+            self.events.clear()
+        return self.device_s
+
+    @s.setter
+    def s(self, seconds: float) -> None:  # a resumed rank's seconds from before it stopped
+        self.host_s = self.device_s = seconds
+        self.events.clear()
 
     def __enter__(self):
         if self.depth == 0:
             self.t0 = time.perf_counter()
+            if self.cuda:
+                self.e0 = torch.cuda.Event(enable_timing=True)
+                self.e0.record()
         self.depth += 1
         return self
 
     def __exit__(self, *exc):
         self.depth -= 1
         if self.depth == 0:
+            self.host_s += time.perf_counter() - self.t0
             if self.cuda:
-                torch.cuda.synchronize(self.device)
-            self.s += time.perf_counter() - self.t0
+                e1 = torch.cuda.Event(enable_timing=True)
+                e1.record()
+                self.events.append((self.e0, e1))
         return False
+
+    @contextlib.contextmanager
+    def on_host(self):
+        """A wait the host itself blocks in (a control word over gloo), on any device."""
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.host_s += time.perf_counter() - t0
+            self.device_s += time.perf_counter() - t0
 
 
 class Wire:
@@ -122,6 +166,28 @@ class Wire:
             dist.all_reduce(t)
         self.tally.add("sent", "allreduce", -1, t)
         return t
+
+    # -- control words, on the host
+
+    def send_word(self, word: int, dst: int, boundary: int) -> None:
+        t = readout.host_tensor(torch.tensor([word], dtype=torch.long))
+        self.group.append((dist.isend(t, dst, tag=TAGS["control"]), t))
+        self.tally.add("sent", "control", boundary, t)
+
+    def recv_word(self, src: int, boundary: int) -> int:
+        buf = readout.host_tensor(torch.empty(1, dtype=torch.long))
+        with self.wait.on_host():
+            dist.recv(buf, src, tag=TAGS["control"])
+        self.tally.add("received", "control", boundary, buf)
+        return int(buf.item())
+
+    def agree_word(self, word: int) -> int:
+        """Rank 0's word on every rank: summed, the others adding 0 (GO)."""
+        t = readout.host_tensor(torch.tensor([word], dtype=torch.long))
+        with self.wait.on_host():
+            dist.all_reduce(t)
+        self.tally.add("sent", "control", -1, t)
+        return int(t.item())
 
 
 class ChainLink:

@@ -29,6 +29,10 @@ def test_other_config_errors():
     with pytest.raises(C.ConfigError, match="train.budget_seconds or train.max_steps must be positive"):
         C.TrainConfig(budget_seconds=0, max_steps=0)
     assert C.check_policy("random:0.5") == 0.5 and C.check_policy("all") is None
+    with pytest.raises(C.ConfigError, match="local_backward"):
+        C.SeamsConfig(local_backward="sometimes")
+    with pytest.raises(C.ConfigError, match="shared head's gradient"):
+        C.SeamsConfig(local_backward="once", objective="shared_head")
 
 
 def test_typed_seams_and_segments():

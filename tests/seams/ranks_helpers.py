@@ -22,7 +22,7 @@ from seamkit import config as C
 from seamkit.data.load import load_corpus
 from seamkit.data.rows import RowLoader
 from seamkit.loop import evaluate_model, held_out
-from seamkit.model import GPT, lm_loss, param_dtype
+from seamkit.model import GPT, param_dtype
 from seamkit.optim import lr_at, make_optimizer, step_at
 from seamkit.seams import ranks as RK
 from seamkit.seams.arm import ArmSpec, run_arm
@@ -161,7 +161,7 @@ def micro_batched(cfg: C.RunConfig, corpus, steps: int, micro_batches: int) -> t
         x_BT, y_BT = loader.next()
         total = torch.zeros((), dtype=dtype)
         for x, y in zip(x_BT.chunk(micro_batches), y_BT.chunk(micro_batches)):
-            mb = lm_loss(model(x), y) / micro_batches
+            mb = model.loss(model.hidden(x), y) / micro_batches
             mb.backward()
             total += mb.detach()
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.grad_clip)

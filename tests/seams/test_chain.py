@@ -14,7 +14,8 @@ import torch
 from seamkit import checkpoint
 from seamkit import config as C
 from seamkit.data.rows import RowLoader
-from seamkit.model import GPT, lm_loss
+from seamkit.model import GPT
+from seamkit.readout import read
 from seamkit.seams import inflight as F
 from seamkit.seams import update as U
 from seamkit.seams.arm import ArmSpec, run_arm
@@ -47,7 +48,7 @@ def train(ch: Chain, cfg, corpus, steps: int = STEPS, before=None) -> list[list[
         if before is not None:
             before(s)
         x, y = loader.next()
-        values, broken = ch.step(x, y, cfg.train.lr * (s + 1) / steps)
+        values, broken = read(ch.step(x, y, cfg.train.lr * (s + 1) / steps))
         assert broken is None
         out.append(values)
     return out
@@ -63,10 +64,10 @@ def _capture_update(monkeypatch, ch: Chain, seen: dict) -> None:
     """Every gradient of the chain's next update, by name, as the optimizers are about to apply it."""
     apply = U.apply
 
-    def look(opts, lr):
+    def look(opts, lr, found_inf=None):
         seen.update({n: p.grad.clone() for n, p in ch.model.named_parameters() if p.grad is not None})
         seen.update({f"heads.{n}": p.grad.clone() for n, p in ch.heads.named_parameters() if p.grad is not None})
-        apply(opts, lr)
+        apply(opts, lr, found_inf)
     monkeypatch.setattr(U, "apply", look)
 
 
@@ -107,6 +108,21 @@ def test_local_without_seams_is_e2e_bit_for_bit(corpus, tmp_path):
     assert not all(torch.equal(a[k], c[k]) for k in a)
 
 
+@pytest.mark.parametrize("objective", ["aux_head", "aux_block", "own_head", "detached_head"])
+def test_one_backward_over_every_local_loss_is_one_backward_each(objective, corpus):
+    """seams.local_backward=once (every forward, then one backward over every segment's loss) trains
+    what each segment's own backward trains, bit for bit: no gradient crosses a seam, so each
+    parameter gets its own segment's alone. Planted fault this catches: the losses summed into one
+    root (the sum's backward scales nothing here, but a weight other than local_weight, e.g. the
+    mean over segments, would)."""
+    cfg = _cfg(**{"seams.objective": objective})
+    each, once = chain("local", cfg, corpus), chain("local", C.override(cfg, {"seams.local_backward": "once"}), corpus)
+    assert once.backward_once and not each.backward_once
+    assert train(each, cfg, corpus) == train(once, cfg, corpus)
+    for a, b in ((each.model, once.model), (each.heads, once.heads)):
+        assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters()))
+
+
 def test_both_arms_start_from_the_same_weights(corpus):
     """Planted fault this catches: the local arm's GPT drawn from another RNG state than e2e's
     (its private modules drawn first)."""
@@ -126,8 +142,8 @@ def test_local_values_are_the_models(corpus):
     model = GPT(cfg.model)
     x, y = RowLoader(corpus, "train", cfg.data.batch, cfg.model.seq, cfg.train.seed).next()
     with torch.no_grad():
-        full = lm_loss(model(x), y).item()
-    values, _ = ch.step(x, y, cfg.train.lr)
+        full = model.loss(model.hidden(x), y).item()
+    values, _ = read(ch.step(x, y, cfg.train.lr))
     assert len(values) == 3 and values[-1] == full
 
 
@@ -150,8 +166,8 @@ def gradient_leaks(ch: Chain, k: int, x, y, monkeypatch, objective: str | None =
     `_allowed` with a nonzero gradient, names inside it with none)."""
     loss = ch.loss
 
-    def only_k(j, h, y_BT):
-        value = loss(j, h, y_BT)
+    def only_k(j, h, y_BT, c_BT=None):
+        value = loss(j, h, y_BT, c_BT)
         return value if j == k else value.detach().requires_grad_()
     monkeypatch.setattr(ch, "loss", only_k)
     seen = {}
@@ -212,10 +228,10 @@ def test_local_clips_each_segment_on_its_own(corpus, monkeypatch):
     norms = []
     apply = U.apply
 
-    def look(opts, lr):
+    def look(opts, lr, found_inf=None):
         for group in ch.groups:
             norms.append(torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in group if p.grad is not None])))
-        apply(opts, lr)
+        apply(opts, lr, found_inf)
     monkeypatch.setattr(U, "apply", look)
     x, y = RowLoader(corpus, "train", cfg.data.batch, cfg.model.seq, 0).next()
     ch.step(x, y, 1e-3)
@@ -235,7 +251,7 @@ def test_a_non_finite_output_makes_no_update(arm, corpus):
     x, y = RowLoader(corpus, "train", cfg.data.batch, cfg.model.seq, 0).next()
     bad = min(1, ch.last)
     ch.poison.add(bad)
-    values, broken = ch.step(x, y, cfg.train.lr)
+    values, broken = read(ch.step(x, y, cfg.train.lr))
     assert broken == bad and not math.isfinite(values[-1])
     after = [*ch.model.parameters(), *ch.heads.parameters()]
     assert all(torch.equal(p, q) for p, q in zip(before, after)) and all(p.grad is None for p in after)
@@ -546,7 +562,7 @@ def test_error_feedback_adds_the_turn_of_a_late_segment_s_updates(corpus, monkey
     weights = lambda: {n: p.detach().clone() for n, p in ch.model.named_parameters()}  # noqa: E731
     raw, snaps, apply = [], [], U.apply
 
-    def look(opts, lr):
+    def look(opts, lr, found_inf=None):
         apply(opts, lr)
         raw.append(weights())  # what the optimizer left, before any correction
     monkeypatch.setattr(U, "apply", look)

@@ -74,8 +74,9 @@ def test_micro_batches_are_another_order_of_the_whole_batch(runs, corpus, tmp_pa
 def test_a_schedule_counts_its_crossings(schedule, runs):
     """The counted bytes are the crossings' (single placement: 1; loop placement: 3; V placement:
     2, the middle hand-over stays on the last rank): every micro-batch's activation forward and
-    its gradient back, at every crossing, sent as received; no control message (rank 0's word
-    rides in the step's all_reduce). Planted fault this catches: CountedStage counting its
+    its gradient back, at every crossing, sent as received; no control message at a crossing (rank
+    0's word goes round in one host all_reduce of an int64 per step, and one before the first).
+    Planted fault this catches: CountedStage counting its
     gradient receives at the boundary below (the loop placement's boundaries then disagree)."""
     case = f"pipe_{schedule}"
     _, got = runs
@@ -89,7 +90,9 @@ def test_a_schedule_counts_its_crossings(schedule, runs):
     assert m["crossings"] == crossings and m["per_step"] == m["analytic_per_step"] == 2 * crossings * act
     assert m["agrees"] and m["sent_equals_received"]
     assert m["gradient_messages_received"] == crossings * lay.micro_batches * STEPS
-    assert m["control_bytes"] == 0 and not [c for r in ranks for c in r["traffic"] if c["kind"] == "control"]
+    assert m["control_bytes"] == 0
+    words = [c for r in ranks for c in r["traffic"] if c["kind"] == "control"]
+    assert [(c["seam"], c["bytes"], c["messages"]) for c in words] == [(-1, 8 * (STEPS + 1), STEPS + 1)] * len(ranks)
     assert got[case][0]["result"].wire["agrees"]
 
 

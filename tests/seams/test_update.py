@@ -57,3 +57,19 @@ def test_clip_zero_disables_and_skip_drops_every_gradient():
     U.skip([opt])
     assert all(p.grad is None for p in model.parameters())
     assert U.finite([1.0, 2.0]) and not U.finite([1.0, math.nan]) and not U.finite([math.inf])
+
+
+def test_each_group_clips_as_clip_grad_norm_clips_it():
+    """Segments that learn on their own: one foreach pass over every group equals
+    `clip_grad_norm_` group by group, bit for bit, a tensor without a gradient left out. Planted
+    fault this catches: one coefficient for every group (the first group's total)."""
+    model = GPT(C.tiny().model)
+    params = list(model.parameters())
+    groups = [params[:5], params[5:11], params[11:]]
+    _grads(model, 3, {7})
+    for g in groups:
+        torch.nn.utils.clip_grad_norm_(g, 0.05)
+    want = [None if p.grad is None else p.grad.clone() for p in params]
+    _grads(model, 3, {7})
+    U.clip_each(groups, 0.05)
+    assert all((p.grad is None and w is None) or torch.equal(p.grad, w) for p, w in zip(params, want))
