@@ -1,87 +1,115 @@
 #!/usr/bin/env bash
-# The prepared GPU run: what we need to compare with the reference reports, in one script
-# that fits in 8 minutes on one H200 (docs/gpu.md says what it prints and what it measured).
+# The prepared GPU check: one script of at most 8 minutes on one H100/H200 (docs/gpu.md says what
+# each part measures and what was seen). Each part runs in a process of its own under its own time
+# limit and writes its JSON into --out as soon as it is done (bench/gpu_step.py), so a run cut off
+# keeps the parts before it; a part that fails or runs out of time is reported and the next runs.
 #
-#   bench/gpu_check.sh                      # seed preset on CUDA, 60 s per arm, 4 windows
-#   bench/gpu_check.sh --compile            # the same with train.compile=true
-#   bench/gpu_check.sh --preset tiny --device cpu --budget 2 --windows 2 --samples 1 \
-#       --set prune.reference=eager                                            # the dry run
+#   bench/gpu_check.sh                                   # seed preset on CUDA
+#   bench/gpu_check.sh --preset tiny --device cpu --steps 3 --windows 1 --pairs 1 \
+#       --set prune.reference=eager                      # the dry run (tests/test_gpu_check.py)
 #
-# 1. `seamkit seams`: e2e and local under a short budget per arm (bf16 autocast on CUDA, clocks
-#    synchronized by the trainer); prints each arm's tokens/s, peak VRAM, an 11-point loss curve
-#    and MFU, read from the report: its `matmul_peak` and per-arm `costs` (FLOPs per token
-#    counted on one training step, `costs.mfu` over the measured peak), all from seamkit.flops;
-#    for known GPUs also the same counted FLOPs over the data-sheet bf16 peak (flops.spec_peak).
-# 2. `seamkit prune-check` on the e2e checkpoint with the reference's 4 windows (document-masked
-#    attention with a backward, against the compiled reference step); prints the pruned step's
-#    speed-up and memory per window and their medians.
-# Reports land in --out (default reports/gpu_check); the exit status is the first failing step's.
-set -euo pipefail
+# Parts, in order (seconds each at most, scaled by --limit): peaks (30), e2e (150), local (120),
+# pruned (60), determinism twice (40 each, train.deterministic false then true), prune-check's
+# exactness and rule probes on one window with a random-weight checkpoint (60).
+# The exit status is the number of parts that did not finish.
+set -uo pipefail
 
-PRESET=seed DEVICE=cuda BUDGET=60 WINDOWS=4 SAMPLES=3 OUT=reports/gpu_check COMPILE=false
+PRESET=seed DEVICE=cuda STEPS=30 WINDOWS=2 PAIRS=3 OUT=reports/gpu_check LIMIT=1
 PY=${PYTHON:-python}
 EXTRA=()
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --preset) PRESET=$2; shift 2 ;;
     --device) DEVICE=$2; shift 2 ;;
-    --budget) BUDGET=$2; shift 2 ;;
+    --steps) STEPS=$2; shift 2 ;;
     --windows) WINDOWS=$2; shift 2 ;;
-    --samples) SAMPLES=$2; shift 2 ;;
+    --pairs) PAIRS=$2; shift 2 ;;
     --out) OUT=$2; shift 2 ;;
-    --compile) COMPILE=true; shift ;;
+    --limit) LIMIT=$2; shift 2 ;;
     --set) EXTRA+=(--set "$2"); shift 2 ;;
-    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
     *) echo "gpu_check.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
-SET=(--set "train.device=$DEVICE" --set "train.compile=$COMPILE" "${EXTRA[@]}")
-start=$SECONDS
+HERE=$(cd "$(dirname "$0")" && pwd)
 mkdir -p "$OUT"
-
-echo "== gpu_check: preset $PRESET, device $DEVICE, budget ${BUDGET}s per arm, compile $COMPILE, $(date -u +%FT%TZ)"
-command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
+start=$SECONDS failed=0
+echo "== gpu_check: preset $PRESET, device $DEVICE, $(date -u +%FT%TZ), out $OUT"
+command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 "$PY" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'available', torch.cuda.is_available())"
 
-echo "== 1. seams study (e2e, then local)"
-"$PY" -m seamkit seams --preset "$PRESET" --budget "$BUDGET" "${SET[@]}" --set train.curve_points=11 \
-  --out "$OUT/seams.json"
-"$PY" - "$OUT/seams.json" <<'EOF'
+part() {  # part NAME FILE SECONDS [ARGS...]
+  local name=$1 file=$2 limit=$3; shift 3
+  local t0=$SECONDS
+  echo "== $file ($name, at most $((limit * LIMIT)) s)"
+  PYTHONUNBUFFERED=1 timeout $((limit * LIMIT)) "$PY" "$HERE/gpu_step.py" "$name" --preset "$PRESET" \
+    --device "$DEVICE" --steps "$STEPS" --windows "$WINDOWS" --pairs "$PAIRS" --out "$OUT/$file.json" "$@"
+  local rc=$?
+  if [[ $rc -ne 0 ]]; then
+    echo "== $file: did not finish (exit $rc after $((SECONDS - t0)) s); what it wrote so far stays in $OUT/$file.json"
+    failed=$((failed + 1))
+  fi
+}
+
+part peaks peaks 30 "${EXTRA[@]}"
+part e2e e2e 150 "${EXTRA[@]}"
+part local local 120 "${EXTRA[@]}"
+part pruned pruned 60 "${EXTRA[@]}"
+part determinism determinism_default 40 "${EXTRA[@]}" --set train.deterministic=false
+part determinism determinism_strict 40 "${EXTRA[@]}" --set train.deterministic=true
+
+echo "== prune_check (exactness against the reference, controls and rule probes)"
+t0=$SECONDS
+if timeout $((60 * LIMIT)) "$PY" - "$PRESET" "$DEVICE" "$OUT/random_weights.pt" <<'EOF'
+import sys, torch
+from seamkit import checkpoint, config as C
+from seamkit.model import GPT
+cfg = C.override(C.preset(sys.argv[1]), {"train.device": sys.argv[2]})
+torch.manual_seed(0)
+checkpoint.save(sys.argv[3], GPT(cfg.model), None, cfg)
+EOF
+then
+  timeout $((60 * LIMIT)) "$PY" -m seamkit prune-check --preset "$PRESET" --checkpoint "$OUT/random_weights.pt" \
+    --windows 1 --samples 1 --set "train.device=$DEVICE" "${EXTRA[@]}" --out "$OUT/prune_check.json" \
+    || { echo "== prune_check: did not finish after $((SECONDS - t0)) s"; failed=$((failed + 1)); }
+else
+  echo "== prune_check: no checkpoint"; failed=$((failed + 1))
+fi
+
+echo "== summary"
+"$PY" - "$OUT" <<'EOF'
 import json, sys
-from seamkit import flops
-
-report = json.load(open(sys.argv[1]))
-peak, spec = report["matmul_peak"], flops.spec_peak(report["gpu"])
-print(f"device {report['gpu'] or report['device']}; matmul peak {peak['flops_per_s'] / 1e12:.3g} TFLOP/s measured "
-      f"by the study ({peak['matmul']})" + (f", spec bf16 {spec / 1e12:.0f} TFLOP/s" if spec else ""))
-for arm, a in report["arms"].items():
-    c = a.get("costs") or {}
-    vram = "-" if a["peak_vram_bytes"] is None else f"{a['peak_vram_bytes'] / 2**30:.2f} GiB"
-    of_spec = f"MFU {flops.mfu(c['flops_per_token'], a['tokens_per_s'], spec):.1%} of spec, " if spec and c else ""
-    of_peak = "-" if c.get("mfu") is None else f"{c['mfu']:.2%}"
-    flops = "-" if not c else f"{c['flops_per_token'] / 1e6:.1f}"
-    print(f"{arm:5s}: {a['tokens_per_s']:,.0f} tok/s ({a['steps']} steps), {of_spec}{of_peak} of measured matmul, "
-          f"peak VRAM {vram}, final loss {a['final_loss']}, {flops} MFLOP/token counted")
-    print(f"       loss curve at s {a['loss_curve_elapsed_s']}")
-    print(f"                       {a['loss_curve']}")
-r = report["local_over_e2e"]
-print(f"local/e2e: tokens/s {r['tokens_per_s']}, peak {r['memory_kind']} {r['peak_memory']}  "
-      f"(reference, L40S 1 h: 1.50x tokens/s, 0.78x memory)")
+from pathlib import Path
+out = Path(sys.argv[1])
+def load(name):
+    p = out / f"{name}.json"
+    return json.loads(p.read_text()) if p.exists() else None
+pct = lambda v: "-" if v is None else f"{100 * v:.1f}%"
+gib = lambda v: "-" if v is None else f"{v / 2**30:.2f} GiB"
+if (p := load("peaks")):
+    print("GEMM (tokens x dim) @ (dim x N): " + ", ".join(f"N={n} {r['flops_per_s'] / 1e12:.1f} TFLOP/s"
+                                                      for n, r in p["gemm"].items())
+          + f"; square peak {p['square']['flops_per_s'] / 1e12:.1f} TFLOP/s ({p['square']['matmul']})")
+for part in ("e2e", "local"):
+    if (p := load(part)):
+        for name, v in p["variants"].items():
+            print(f"{part:5s} {name:26s} {v['ms_per_step']:8.2f} ms/step {v['tokens_per_s']:12,.0f} tok/s "
+                  f"MFU {pct(v['mfu'])} VRAM {gib(v['peak_vram_bytes'])} kernels/step {v['kernels_per_step']} "
+                  f"loop syncs/step {v['loop_syncs_per_step']} compile {v['compile_s']} s")
+        if "loss" in p:
+            print("LM loss alone: " + ", ".join(f"{k} {v['ms']:.2f} ms peak {gib(v['peak_bytes'])}"
+                                                for k, v in p["loss"].items()))
+if (p := load("pruned")):
+    for name, v in p["precisions"].items():
+        m = v["median"]
+        print(f"pruned step {name:8s}: speed-up {m['speedup']:.2f}x of FLOP ceiling {m['flop_ceiling']:.2f}x "
+              f"({v['share_of_ceiling']:.2f}); kernels base {m['base_kernels']:.0f}, pruned {m['prune_exact_kernels']:.0f}")
+for name in ("determinism_default", "determinism_strict"):
+    if (p := load(name)):
+        print(f"{name}: two runs of {p['steps']} steps bitwise equal: {p['bitwise_equal']} "
+              f"({p['tensors_differing']} of {p['of']} tensors differ, max {p['max_abs_difference']:.3g})")
+if (p := load("prune_check")):
+    print(f"prune-check: status {p['status']}, bitwise {p['bitwise']}, within tolerance {p['within_tolerance']}")
 EOF
-
-echo "== 2. prune-check on the e2e checkpoint, $WINDOWS windows"
-"$PY" -m seamkit prune-check --preset "$PRESET" --checkpoint "$OUT/checkpoints/seams_e2e.pt" \
-  --windows "$WINDOWS" --samples "$SAMPLES" "${SET[@]}" --out "$OUT/pruning.json"
-"$PY" - "$OUT/pruning.json" <<'EOF'
-import json, statistics, sys
-p = json.load(open(sys.argv[1]))
-ws = p["windows"]
-med = lambda k: statistics.median(w[k] for w in ws)
-alloc = {m: statistics.median(s["allocated_GiB"] for t in p["timings"] if t["mode"] == m for s in t["samples"])
-         for m in ("base", "prune_exact")}
-print(f"pruned step: speed-up median {med('speedup'):.3f}x (per window {[round(w['speedup'], 3) for w in ws]}), "
-      f"memory ratio median {med('memory_ratio'):.3f}; allocated GiB base {alloc['base']:.3f}, "
-      f"prune_exact {alloc['prune_exact']:.3f} (reference: 0-8% more words/s, about 0.6 GiB less)")
-print(f"exactness: bitwise {p['bitwise']}, within tolerance {p['within_tolerance']}, status {p['status']}")
-EOF
-echo "== gpu_check done in $((SECONDS - start)) s; reports in $OUT"
+echo "== gpu_check done in $((SECONDS - start)) s; $failed part(s) did not finish; JSON in $OUT"
+exit $failed

@@ -7,13 +7,32 @@ serves them all and a seam never cuts through a compiled graph. All blocks share
 (the default since torch 2.5), one graph: compiling 16 blocks costs one compile, not 16.
 The embedding, the final norm, the LM head and the loss stay eager.
 
-The trainer applies it when `train.compile` is true, after the model is on its device.
-torch.compile works on CPU too but costs about 15 s per compile there; it is meant for CUDA.
+The trainer applies it where `train.compile` says (`compiles`: by default on CUDA), after the
+model is on its device, and compiles it before its clock starts (`seams.chain.Chain.warm_up`), so
+the budget holds training alone. torch.compile works on the CPU too but costs about 15 s per
+compile there and gains little.
 """
 
 from __future__ import annotations
 
+import os
+
+import torch
 import torch.nn as nn
+
+
+def deterministic(device: torch.device) -> None:
+    """Kernels that repeat bit for bit on CUDA (`train.deterministic`): cuBLAS's fixed workspace,
+    set before its first GEMM in this process, and torch's deterministic algorithms, which raise
+    on an op that has none (a one-line error naming it) rather than run a nondeterministic one."""
+    if device.type == "cuda":
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True)
+
+
+def compiles(compile: str, device: torch.device) -> bool:
+    """Whether `train.compile` compiles on this device: on, or auto on CUDA."""
+    return compile == "on" or (compile == "auto" and device.type == "cuda")
 
 
 def compile_model(model: nn.Module, mode: str | None = None, backend: str = "inductor") -> nn.Module:

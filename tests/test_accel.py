@@ -35,3 +35,41 @@ def test_compile_model_compiles_each_block_once_and_keeps_the_math():
     assert torch.equal(losses[1], losses[0])
     for (n, a), b in zip(eager.named_parameters(), compiled.parameters()):
         assert torch.equal(b.grad, a.grad), n
+
+
+def test_compiled_before_the_clock_and_training_unchanged(tmp_path, monkeypatch):
+    """train.compile=on (aot_eager here: eager's math, no C++ build): the chain compiles its blocks in
+    `warm_up`, before the clock, and training compiles nothing more; the arm trains torch.equal to an
+    uncompiled one (the warm-up's made-up batch leaves the RNG, the gradients and the weights as they
+    were) and reports its compile seconds, None when not compiled. Planted faults this catches: the
+    warm-up drawing from the global RNG (dropout's stream) or leaving its gradients in place (the
+    first update adds them)."""
+    from functools import partial
+
+    from torch._dynamo.utils import counters
+
+    from seamkit.data.load import load_corpus
+    from seamkit.seams import chain as CH
+    from seamkit.seams.arm import ArmSpec, run_arm
+    monkeypatch.setattr(CH, "compile_model", partial(accel.compile_model, backend="aot_eager"))
+    torch._dynamo.reset()
+    counters.clear()
+    graphs = {}
+    warm = CH.Chain.warm_up
+
+    def counted(self):
+        warm(self)
+        graphs["warm"] = counters["stats"]["unique_graphs"]
+    monkeypatch.setattr(CH.Chain, "warm_up", counted)
+    cfg = C.override(C.tiny(), {"train.max_steps": 3, "train.budget_seconds": 0.0, "model.dropout": 0.1})
+    corpus = load_corpus(cfg.data)
+    results = {}
+    for mode in ("on", "off"):
+        c = C.override(cfg, {"train.compile": mode})
+        results[mode] = run_arm(ArmSpec("local", c, C.Placement("single"), 1, str(tmp_path / f"{mode}.pt"),
+                                        own_process=False), corpus=corpus)
+    assert graphs["warm"] >= 1 and counters["stats"]["unique_graphs"] == graphs["warm"]
+    assert results["on"].compile_s > 0 and results["off"].compile_s is None
+    a, b = (torch.load(tmp_path / f"{m}.pt", weights_only=True)["model"] for m in ("on", "off"))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert accel.compiles("auto", torch.device("cuda")) and not accel.compiles("auto", torch.device("cpu"))

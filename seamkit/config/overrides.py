@@ -169,6 +169,8 @@ def upgrade(d: dict) -> dict:
         if not train.get("eval_tokens"):
             train["eval_tokens"] = (n * d.get("data", {}).get("batch", DataConfig.batch)
                                     * d.get("model", {}).get("seq", ModelConfig.seq))
+    if isinstance(train.get("compile"), bool):  # compile was true or false before auto existed
+        train["compile"] = "on" if train["compile"] else "off"
     if "compile_reference" in prune and not prune.pop("compile_reference"):
         prune["reference"] = "eager"
     _retire_stages(d)

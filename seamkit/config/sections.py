@@ -23,6 +23,7 @@ DTYPES = ("float32", "float64", "bfloat16")
 LR_SCHEDULES = ("budget", "steps")
 ORDERS = ("interleaved", "sequential")
 OPTIMIZERS = ("adamw", "muon")
+COMPILES = ("auto", "on", "off")  # train.compile
 TRACKERS = ("tensorboard", "wandb")  # train.log_to, besides "none"
 
 # What a study does off its budget's clock (before the arms start, between and after them) is
@@ -131,7 +132,14 @@ class TrainConfig:
     # EVAL_BATCHES_MAX batches (`RunConfig`): its standard error is 1/32 of one batch's spread by then, and
     # each evaluation runs off the clock
     eval_tokens: int = ranged(32768, gt=0)
-    compile: bool = False  # torch.compile each block for training (seamkit.accel); meant for CUDA
+    # torch.compile of each block for training (seamkit.accel), compiled and warmed up before the clock
+    # starts (its seconds are the report's compile_s): auto (on CUDA, not on the CPU, where it costs
+    # about 15 s a compile and gains little), on, off. The chain's placements; pipe and dp run eager
+    compile: str = "auto"
+    # bitwise-repeatable kernels on CUDA: torch.use_deterministic_algorithms and cuBLAS's fixed
+    # workspace (CUBLAS_WORKSPACE_CONFIG), slower; the report's `repeatable` says what a run is. The
+    # CPU's kernels are deterministic already
+    deterministic: bool = False
     # each arm's curves also to a tracker: none, tensorboard, wandb, or both comma-separated; one run
     # per arm and seed, under runs/ beside the report (seamkit.tracking)
     log_to: str = "none"
@@ -146,6 +154,7 @@ class TrainConfig:
         one_of("train.dtype", self.dtype, DTYPES)
         one_of("train.lr_schedule", self.lr_schedule, LR_SCHEDULES)
         one_of("train.optimizer", self.optimizer, OPTIMIZERS)
+        one_of("train.compile", self.compile, COMPILES)
 
     @property
     def trackers(self) -> tuple[str, ...]:

@@ -59,11 +59,14 @@ class _Stream:
 
 
 def _rows(chunk: np.ndarray, batch: int, seq: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """batch*seq+1 consecutive stream tokens -> x_BT and y_BT = x shifted by one."""
+    """batch*seq+1 consecutive stream tokens -> x_BT and y_BT = x shifted by one. To a GPU from
+    pinned memory without waiting (`non_blocking`): the host goes on queueing work while it copies."""
     t = torch.from_numpy(chunk.astype(np.int64))
-    x_BT = t[:-1].view(batch, seq)
-    y_BT = t[1:].view(batch, seq)
-    return x_BT.to(device), y_BT.to(device)
+    device = torch.device(device)
+    if device.type == "cuda":
+        t = t.pin_memory()
+    t = t.to(device, non_blocking=True)
+    return t[:-1].view(batch, seq), t[1:].view(batch, seq)
 
 
 class RowLoader:
@@ -78,21 +81,38 @@ class RowLoader:
     batch still works (it repeats). Same (corpus, split, batch, seq, seed) -> same batches.
     """
 
-    def __init__(self, corpus: Corpus, split: str, batch: int, seq: int, seed: int, device="cpu"):
+    def __init__(self, corpus: Corpus, split: str, batch: int, seq: int, seed: int, device="cpu",
+                 prefetch: bool | None = None):
         if batch <= 0 or seq <= 0:
             raise DataError(f"corpus {corpus.name}: batch and seq must be positive, got {batch} and {seq}")
         self.batch, self.seq, self.seed, self.device = batch, seq, seed, device
         self.stream = _Stream(corpus, split, self._order)
         self.epoch, self.position = 0, 0
+        # the next batch's tokens read on a thread while the device trains on this one (on a GPU; on
+        # the CPU the cores that would read it are training)
+        self.prefetch = torch.device(device).type == "cuda" if prefetch is None else prefetch
+        self._pool = self._next = None
 
     def _order(self, epoch: int) -> np.ndarray:
         return np.random.default_rng([self.seed, epoch]).permutation(self.stream.ids)
 
+    def _advance(self, epoch: int, position: int) -> tuple[int, int]:
+        n = self.batch * self.seq
+        return epoch + (position + n) // self.stream.length, (position + n) % self.stream.length
+
     def next(self) -> tuple[torch.Tensor, torch.Tensor]:
         n = self.batch * self.seq
-        chunk = self.stream.take(self.epoch, self.position, n + 1)
-        self.epoch += (self.position + n) // self.stream.length
-        self.position = (self.position + n) % self.stream.length
+        if self._next is not None and self._next[0] == (self.epoch, self.position):
+            chunk = self._next[1].result()
+        else:
+            chunk = self.stream.take(self.epoch, self.position, n + 1)
+        self.epoch, self.position = self._advance(self.epoch, self.position)
+        if self.prefetch:
+            if self._pool is None:
+                from concurrent.futures import ThreadPoolExecutor
+                self._pool = ThreadPoolExecutor(1, thread_name_prefix="seamkit-rows")
+            at = (self.epoch, self.position)
+            self._next = (at, self._pool.submit(self.stream.take, *at, n + 1))
         return _rows(chunk, self.batch, self.seq, self.device)
 
     def state_dict(self) -> dict:
@@ -108,6 +128,9 @@ class RowLoader:
         if epoch < 0 or not 0 <= position < self.stream.length:
             raise DataError(f"corpus {self.stream.corpus.name}: loader state {d} does not fit a split "
                             f"of {self.stream.length} tokens")
+        if self._next is not None:  # a read on its way is for the old position: let it finish, then drop it
+            self._next[1].result()
+            self._next = None
         self.epoch, self.position = epoch, position
 
 

@@ -34,6 +34,7 @@ import torch
 import torch.distributed as dist
 
 from seamkit import checkpoint
+from seamkit.accel import deterministic
 from seamkit.config import Placement, RunConfig
 from seamkit.data.load import load_corpus
 from seamkit.data.rows import epochs, repeat_warning
@@ -92,6 +93,8 @@ def checkpoint_path(out_path, arm: str, repeat: int = 0) -> Path:
 def device_of(cfg: RunConfig, local_rank: int) -> torch.device:
     device = resolve_device(cfg.train.device)
     if device.type == "cuda":  # one GPU per rank
+        if cfg.train.deterministic:
+            deterministic(device)
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
     return device

@@ -46,7 +46,7 @@ FINGERPRINT_TOL = 0.15  # hosts whose fingerprints differ by more are different 
 NEVER = lambda: False  # noqa: E731 -- a stop() that never asks
 SPEED_FIELDS = ("model", "data.batch", "train.dtype", "train.device", "train.compile", "train.threads",
                 "seams.seams", "seams.objective", "seams.aux_classes", "seams.order", "seams.delay",
-                "seams.weight_stashing", "seams.local_weight", "seams.arms")
+                "seams.weight_stashing", "seams.local_weight", "seams.arms", "seams.local_backward")
 
 
 def fingerprint(seconds: float = 0.3, n: int = 256) -> float:

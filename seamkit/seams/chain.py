@@ -38,6 +38,7 @@ import torch
 import torch.nn as nn
 from torch.func import functional_call
 
+from seamkit.accel import compile_model, compiles
 from seamkit.config import RunConfig
 from seamkit.model import GPT, autocast, param_dtype
 from seamkit.optim import make_optimizer
@@ -98,9 +99,10 @@ class Chain:
             head_at[k], at = at, at + len(list(heads[k].parameters()))
         self.n_slots = at
         self.model = keep_held(model, [n for k in self.mine for n in names[k]], [i for k in self.mine for i in segs[k]])
-        if cfg.train.compile:  # compiled on the first step, inside the budget (meant for CUDA)
-            from seamkit.accel import compile_model
+        self.compiled = compiles(cfg.train.compile, device)  # compiled by `warm_up`, before the clock starts
+        if self.compiled:
             compile_model(self.model)
+        self.shape = (cfg.data.batch, cfg.model.seq, cfg.model.dim)
         params = dict(self.model.named_parameters())
         self.owned = {k: [(n, params[n]) for n in names[k]] for k in self.mine}
         head_slots = {k: list(range(at, at + len(list(heads[k].parameters())))) for k, at in head_at.items()}
@@ -373,6 +375,24 @@ class Chain:
             self.stash[k] = q
             before = {e["batch"]: e["out"] for e in q if "out" in e}
             self.inbox[k] = deque(F.entry_to(e, self.device) for e in state["inbox"][k])
+
+    def warm_up(self) -> None:
+        """Compile what training runs (each held segment's forward and backward, in train mode,
+        under the run's autocast) on made-up inputs of the step's shape: no update, the gradients
+        and every RNG as they were. The budget loop calls it before its clock starts."""
+        if not self.compiled:
+            return
+        B, T, C = self.shape
+        g = torch.Generator().manual_seed(0)
+        with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
+            for k in self.mine:
+                x = torch.randint(0, self.model.cfg.vocab, (B, T), generator=g).to(self.device) if k == 0 else None
+                h = None if k == 0 else torch.randn(B, T, C, generator=g).to(self.device, self.dtype).requires_grad_()
+                with self.autocast():
+                    out = self.run(k, x, h)
+                out.float().square().mean().backward()
+        for p in [*self.model.parameters(), *self.heads.parameters()]:
+            p.grad = None
 
     # -- held-out loss
 

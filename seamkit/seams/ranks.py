@@ -77,6 +77,7 @@ class RankLoop:
         self.loader = RowLoader(corpus, "train", cfg.data.batch, cfg.model.seq, cfg.train.seed, device=device)
         self.compute, self.wait = 0.0, step.wait
         self.wire_steps, self.failed_here = 0, False
+        self.compile_s = 0.0
         self.clock: Clock | None = None
         self.loop: BudgetLoop | None = None
         self.readout = readout.Readout(device)  # each step's losses and flags, on their way to the host
@@ -125,6 +126,10 @@ class RankLoop:
         if resume is not None:
             self.restore(resume)
         self.turns.first()
+        t = time.perf_counter()  # compiling is no training time: before the clock starts
+        getattr(self.step, "warm_up", lambda: None)()
+        readout.sync_device(self.device)
+        self.compile_s = time.perf_counter() - t
         self.clock = Clock(lambda: readout.sync_device(self.device))
         self.loop = BudgetLoop(tc, per_step, self.clock, self.emit if holds_curve else None,
                                after_step=self._snapshot if self.snaps is not None else None,
@@ -267,6 +272,7 @@ class RankLoop:
             "virtual": self.lay.held_by(self.rank), "status": run["status"], "steps": run["steps"],
             "wire_steps": run["wire_steps"], "failed_step": run["failed_step"], "failed_here": run["failed_here"],
             "elapsed_s": run["elapsed_s"], "max_step_s": run["max_step_s"], "compute_s": compute, "wait_s": wait,
+            "compile_s": self.compile_s if getattr(self.step, "compiled", False) else None,
             "other_s": run["elapsed_s"] - compute - wait, "loss": run["loss"], "final_loss": run["final_loss"],
             "final_loss_stderr": run["final_loss_stderr"], "eval_tokens": run["eval_tokens"],
             **{k: run[k] for k in ("peak_rss_bytes", "rss_start_bytes", "rss_growth_bytes", "peak_vram_bytes",

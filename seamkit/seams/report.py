@@ -7,6 +7,8 @@ from __future__ import annotations
 import dataclasses
 import statistics
 
+import torch
+
 from seamkit import flops as FLOPS
 from seamkit.config import RunConfig
 from seamkit.model import resolve_device
@@ -69,6 +71,7 @@ def report_arm(arm: str, r: ArmResult | None, costs: dict | None = None, peak: f
         "objective": r.objective, "segments": r.segments, "checkpoint": r.checkpoint,
         "epochs": _round(r.epochs, 4), "repeat_warning": r.repeat_warning,
         "wall_clock_dependent": r.wall_clock_dependent, "placement": r.placement or "single", "wire": r.wire,
+        "compile_s": _round(r.compile_s, 2),
     }
     if r.loss_curve_std is not None:
         out["loss_curve_std"] = [round(v, 4) for v in r.loss_curve_std]
@@ -81,6 +84,20 @@ def report_arm(arm: str, r: ArmResult | None, costs: dict | None = None, peak: f
         if peak:
             out["costs"]["mfu"] = FLOPS.mfu(costs["flops_per_token"], r.tokens_per_s, peak)
     return out
+
+
+def repeatable(cfg: RunConfig, device: torch.device) -> dict:
+    """Whether a run's kernels repeat bit for bit on its device (the clock can still set an LR:
+    `wall_clock_dependent`)."""
+    if device.type != "cuda":
+        return {"bitwise": True, "why": "the CPU's kernels are deterministic at a fixed thread count: the same "
+                                        "config and seed end on the same checkpoint id"}
+    if cfg.train.deterministic:
+        return {"bitwise": True, "why": "train.deterministic: torch.use_deterministic_algorithms and "
+                                        "CUBLAS_WORKSPACE_CONFIG, as set for this run"}
+    return {"bitwise": False, "why": "CUDA's default kernels are not deterministic (split-K GEMM reductions, atomics "
+                                     "in attention's backward): two runs differ in the last bits and drift apart; "
+                                     "train.deterministic=true makes them repeat, slower"}
 
 
 def _any_flag(flags) -> bool | None:
@@ -149,6 +166,7 @@ def build_report(cfg: RunConfig, results: dict, interrupted: bool = False, isola
         "checkpoints": {arm: a.get("checkpoint") for arm, a in arms.items()},
         # the clock set an LR or ended an arm: the same command ends on other checkpoints
         "wall_clock_dependent": _any_flag(a.get("wall_clock_dependent") for a in arms.values()),
+        "repeatable": repeatable(cfg, device),
         **provenance(cfg),
     }
 
@@ -167,7 +185,8 @@ def mean_result(rs: list[ArmResult | None]) -> ArmResult | None:
         vals = [getattr(r, key) for r in done if getattr(r, key) is not None]
         return None if not vals else round(mean(vals)) if whole else mean(vals)
     out = dataclasses.replace(done[0], **{k: avg(k) for k in ("elapsed_s", "tokens_per_s", "max_step_s",
-                                                               "final_loss", "final_loss_stderr", "lr_final")},
+                                                               "final_loss", "final_loss_stderr", "lr_final",
+                                                               "compile_s")},
                               **{k: avg(k, whole=True) for k in ("steps", "tokens", "peak_vram_bytes", "peak_rss_bytes",
                                                                   "rss_start_bytes", "rss_growth_bytes",
                                                                   "vram_growth_bytes")},

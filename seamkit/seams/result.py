@@ -56,6 +56,7 @@ class ArmResult:
     wire: dict | None = None
     slices: list | dict | None = None  # interleaved study: tokens/s of each turn (a summary in a mean)
     snapshots: list | None = None  # interleaved study: weights kept for the equal-token view
+    compile_s: float | None = None  # compiling and warming up before the clock started (None: not compiled)
 
     @property
     def final_ppl(self) -> float | None:
@@ -119,4 +120,5 @@ def from_ranks(cfg, lay, ranks: list[dict]) -> ArmResult:
         objective=pol.objective, segments=arm_segments(cfg, lay.arm), **curve(lossr["points"]),
         # rank 0 alone sees the clock end the run; any rank's clock may set its LR
         wall_clock_dependent=any(r["wall_clock_dependent"] for r in ranks),
-        placement=lay.placement.name, slices=ranks[0].get("slices") or [])
+        placement=lay.placement.name, slices=ranks[0].get("slices") or [],
+        compile_s=largest("compile_s") if any("compile_s" in r for r in ranks) else None)

@@ -91,6 +91,13 @@ class ChainStep:
     def step(self, x_BT, y_BT, lr: float) -> Report:
         return self.chain.step(x_BT if self.first else None, y_BT, lr)
 
+    @property
+    def compiled(self) -> bool:
+        return self.chain.compiled
+
+    def warm_up(self) -> None:
+        self.chain.warm_up()
+
     def failed_at(self, step: int) -> None:
         """A local stage has read that its step `step` went non-finite: the others hear of it."""
         self.failed = True

@@ -9,9 +9,9 @@ from seamkit import config as C
 
 
 def test_override_dotted_bare_and_types():
-    c = C.override(C.cpu(), {"model.dim": "64", "budget_seconds": 5, "seams.seams": 3, "train.compile": "true"})
+    c = C.override(C.cpu(), {"model.dim": "64", "budget_seconds": 5, "seams.seams": 3, "train.deterministic": "true"})
     assert c.model.dim == 64 and c.train.budget_seconds == 5.0 and c.seams.seams == "3"
-    assert c.train.compile is True
+    assert c.train.deterministic is True
     assert C.cpu().model.dim == 128  # presets are fresh objects, not mutated
     assert C.override(C.tiny(), preset="mine").preset == "mine"  # a top-level field, by keyword
     assert C.override(C.tiny()) == C.tiny()
@@ -23,7 +23,8 @@ def test_override_dotted_bare_and_types():
     ({"model.dim": "wide"}, "model.dim expects an int"),
     ({"model.dim": 64.5}, "model.dim expects an int"),
     ({"train.lr": True}, "train.lr expects a float"),
-    ({"train.compile": "maybe"}, "train.compile expects a bool"),
+    ({"train.deterministic": "maybe"}, "train.deterministic expects a bool"),
+    ({"train.compile": "maybe"}, r"train.compile must be one of \(.auto., .on., .off.\)"),
     ({"dtype": "float64"}, "ambiguous config key .dtype.: say train.dtype or prune.dtype"),
     ({"seams.stages": 2}, "unknown config key 'seams.stages'"),  # retired: a placement says it
 ])

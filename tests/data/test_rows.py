@@ -64,6 +64,26 @@ def test_row_loader_resume(corpus):
         b.load_state_dict({"epoch": 0, "position": 10 ** 9})
 
 
+def test_prefetching_reads_the_same_batches_and_resumes(corpus):
+    """The next batch read on a thread (what a GPU run does) gives the batches, the state and a
+    resume of the loader without one, across an epoch's end. Planted fault this catches: the
+    state saved at the prefetched batch's position (a resume then skips a batch)."""
+    B, T = 4, 64
+    plain, ahead = RowLoader(corpus, "train", B, T, seed=5), RowLoader(corpus, "train", B, T, seed=5, prefetch=True)
+    assert not plain.prefetch and ahead.prefetch
+    steps = plain.stream.length // (B * T) + 3
+    for _ in range(steps):
+        a, b = plain.next(), ahead.next()
+        assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+        assert plain.state_dict() == ahead.state_dict()
+    state = ahead.state_dict()
+    want = plain.next()
+    ahead.next()  # moves on; the resume goes back
+    ahead.load_state_dict(state)
+    got = ahead.next()
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
 def test_tiny_split_repeats_and_empty_split_errors(tmp_path):
     c = load_corpus(data_cfg(tmp_path, write_corpus(tmp_path / "t.txt", ["a: x", "b: yy", "c: zzz"])))
     assert all(len(c.splits[s]) == 1 for s in SPLITS)
