@@ -38,6 +38,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from seamkit import accel  # noqa: E402
 from seamkit import config as C  # noqa: E402
 from seamkit import losses  # noqa: E402
 from seamkit.data.load import load_corpus  # noqa: E402
@@ -140,7 +141,7 @@ def _arm(cfg, arm: str, corpus, steps: int, device) -> dict:
 def _step_kernels(cfg, arm: str, corpus, device) -> int:
     segs = arm_segments(cfg, arm)
     ch = Chain(cfg, arm, segs, range(len(segs)), device, corpus)
-    ch.warm_up()
+    accel.warm_up(ch)
     g = torch.Generator().manual_seed(0)
     x, y = (torch.randint(0, cfg.model.vocab, (cfg.data.batch, cfg.model.seq), generator=g).to(device)
             for _ in range(2))
@@ -160,7 +161,6 @@ def e2e(cfg, device, args) -> dict:
     if device.type == "cpu":  # the dry run: dynamo's capture without inductor's C++ build
         import functools
 
-        from seamkit import accel
         from seamkit.seams import chain
         chain.compile_model = functools.partial(accel.compile_model, backend="aot_eager")
     for name, compile_ in (("eager", "off"), ("compiled", "on")):

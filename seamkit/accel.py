@@ -42,3 +42,24 @@ def compile_model(model: nn.Module, mode: str | None = None, backend: str = "ind
     for block in model.blocks:
         block.compile(backend=backend, mode=mode, dynamic=False)
     return model
+
+
+def warm_up(chain) -> None:
+    """Compile what a segment chain's training runs (`seams.chain.Chain`: each held segment's
+    forward and backward, in train mode, under the run's autocast) on made-up inputs of the
+    step's shape: no update, the gradients and every RNG as they were. The budget loop calls it
+    before its clock starts."""
+    if not chain.compiled:
+        return
+    B, T, C = chain.shape
+    device = chain.device
+    g = torch.Generator().manual_seed(0)
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        for k in chain.mine:
+            x = torch.randint(0, chain.model.cfg.vocab, (B, T), generator=g).to(device) if k == 0 else None
+            h = None if k == 0 else torch.randn(B, T, C, generator=g).to(device, chain.dtype).requires_grad_()
+            with chain.autocast():
+                out = chain.run(k, x, h)
+            out.float().square().mean().backward()
+    for p in [*chain.model.parameters(), *chain.heads.parameters()]:
+        p.grad = None

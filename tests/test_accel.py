@@ -38,8 +38,8 @@ def test_compile_model_compiles_each_block_once_and_keeps_the_math():
 
 
 def test_compiled_before_the_clock_and_training_unchanged(tmp_path, monkeypatch):
-    """train.compile=on (aot_eager here: eager's math, no C++ build): the chain compiles its blocks in
-    `warm_up`, before the clock, and training compiles nothing more; the arm trains torch.equal to an
+    """train.compile=on (aot_eager here: eager's math, no C++ build): the chain's blocks compile in
+    `accel.warm_up`, before the clock, and training compiles nothing more; the arm trains torch.equal to an
     uncompiled one (the warm-up's made-up batch leaves the RNG, the gradients and the weights as they
     were) and reports its compile seconds, None when not compiled. Planted faults this catches: the
     warm-up drawing from the global RNG (dropout's stream) or leaving its gradients in place (the
@@ -55,12 +55,12 @@ def test_compiled_before_the_clock_and_training_unchanged(tmp_path, monkeypatch)
     torch._dynamo.reset()
     counters.clear()
     graphs = {}
-    warm = CH.Chain.warm_up
+    warm = accel.warm_up
 
-    def counted(self):
-        warm(self)
+    def counted(chain):
+        warm(chain)
         graphs["warm"] = counters["stats"]["unique_graphs"]
-    monkeypatch.setattr(CH.Chain, "warm_up", counted)
+    monkeypatch.setattr(accel, "warm_up", counted)
     cfg = C.override(C.tiny(), {"train.max_steps": 3, "train.budget_seconds": 0.0, "model.dropout": 0.1})
     corpus = load_corpus(cfg.data)
     results = {}

@@ -99,7 +99,7 @@ class Chain:
             head_at[k], at = at, at + len(list(heads[k].parameters()))
         self.n_slots = at
         self.model = keep_held(model, [n for k in self.mine for n in names[k]], [i for k in self.mine for i in segs[k]])
-        self.compiled = compiles(cfg.train.compile, device)  # compiled by `warm_up`, before the clock starts
+        self.compiled = compiles(cfg.train.compile, device)  # compiled by `accel.warm_up`, before the clock starts
         if self.compiled:
             compile_model(self.model)
         self.shape = (cfg.data.batch, cfg.model.seq, cfg.model.dim)
@@ -375,24 +375,6 @@ class Chain:
             self.stash[k] = q
             before = {e["batch"]: e["out"] for e in q if "out" in e}
             self.inbox[k] = deque(F.entry_to(e, self.device) for e in state["inbox"][k])
-
-    def warm_up(self) -> None:
-        """Compile what training runs (each held segment's forward and backward, in train mode,
-        under the run's autocast) on made-up inputs of the step's shape: no update, the gradients
-        and every RNG as they were. The budget loop calls it before its clock starts."""
-        if not self.compiled:
-            return
-        B, T, C = self.shape
-        g = torch.Generator().manual_seed(0)
-        with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
-            for k in self.mine:
-                x = torch.randint(0, self.model.cfg.vocab, (B, T), generator=g).to(self.device) if k == 0 else None
-                h = None if k == 0 else torch.randn(B, T, C, generator=g).to(self.device, self.dtype).requires_grad_()
-                with self.autocast():
-                    out = self.run(k, x, h)
-                out.float().square().mean().backward()
-        for p in [*self.model.parameters(), *self.heads.parameters()]:
-            p.grad = None
 
     # -- held-out loss
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import torch
 
+from seamkit import accel
 from seamkit.config import RunConfig
 from seamkit.model import param_dtype
 from seamkit.readout import Report
@@ -96,7 +97,7 @@ class ChainStep:
         return self.chain.compiled
 
     def warm_up(self) -> None:
-        self.chain.warm_up()
+        accel.warm_up(self.chain)
 
     def failed_at(self, step: int) -> None:
         """A local stage has read that its step `step` went non-finite: the others hear of it."""
