@@ -46,13 +46,13 @@ def test_tiles_give_the_document_causal_mask(name):
 
 
 def test_pack_pads_little():
-    """Two long documents and short ones: S is the longest, the short ones fill tiles beside the
-    long ones, and no tile holds more than S rows.
+    """Two long documents and short ones: S is the longest rounded up to ALIGN, the short ones
+    fill tiles beside the long ones, and no tile holds more than S rows.
 
     Planted fault this catches: one document a tile (S = the longest, 7 tiles instead of 4)."""
     lengths = [100, 90, 10, 40, 50, 60, 45]
     S, tile, offset = tiles.pack(lengths)
-    assert S == 100 and max(tile) + 1 == 4
+    assert S == 104 == -(-100 // tiles.ALIGN) * tiles.ALIGN and max(tile) + 1 == 4
     for b in set(tile):
         spans = sorted((offset[d], offset[d] + lengths[d]) for d in range(len(lengths)) if tile[d] == b)
         assert spans[0][0] == 0 and all(e <= s2 for (_, e), (s2, _) in zip(spans, spans[1:])) and spans[-1][1] <= S
