@@ -8,8 +8,10 @@ query slot". Attention then runs on (tiles, heads, S, head_dim) gathered with on
 block's queries are the targets only: `target_slots` of them per tile against the tile's S keys.
 
 Padding is exact: a padded key is hidden from every real query (it adds an exact zero to its
-softmax), and a padded query row sees its own slot only (no NaN); its output is never gathered
-back, so its gradient, and the gradient it sends to the row it reads, are exact zeros.
+softmax), and a padded query row sees one key, so no row of its softmax is all -inf (a NaN on
+some kernels): its own slot in the blocks, the tile's first key in the last block. Its output is
+never gathered back, so its gradient, and the gradients it sends to the rows it reads, are
+exact zeros.
 
 The layout is chosen on the host (`layout`, from host tensors): S at least the longest
 document's live rows (rounded up to a multiple of ALIGN), and the packing (best-fit decreasing)
@@ -40,7 +42,7 @@ class Tiles:
     target_of_slot: Tensor  # (B*Sq,) int64 target (index into T) read into each query slot (padding: 0)
     slot_of_target: Tensor  # (t,) int64 query slot of each target
     target_pos: Tensor  # (B, Sq) int64 in-document position of each query slot's target
-    target_mask: Tensor  # bool (B, 1, Sq, S): the mask rows of the targets' slots
+    target_mask: Tensor  # bool (B, 1, Sq, S): the mask rows of the targets' slots (padding: slot 0's)
 
     def tensors(self) -> dict:
         return {k: v for k, v in vars(self).items() if torch.is_tensor(v)}
