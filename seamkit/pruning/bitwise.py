@@ -316,7 +316,7 @@ def _merge(y: Tensor) -> Tensor:
 def bitwise_loss(model: GPT, window, ran: dict | None = None) -> Tensor:
     """The bitwise pruned step's loss, all its costs included: the plan, the calibration and the
     pruned forward. Equal bit for bit to `prune.base_loss` on the same window (float32, CPU)."""
-    return pruned_loss(model, calibrate(model, plan(window)), ran)
+    return pruned_loss(model, calibrate(model, plan(window, tiles=False)), ran)
 
 
 def pruned_loss(model: GPT, p: Plan, ran: dict | None = None) -> Tensor:

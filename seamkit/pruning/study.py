@@ -14,6 +14,9 @@ this CPU (`bitwise_mode_held`: prune_exact equal to base on every window; the su
 windows where it is not). Either way the timed step holds every cost of pruning: the plan, its
 indices and masks, and (bitwise) the calibration; nothing is kept from one window to the next,
 so `setup_s` is 0.
+Timed steps run in `precision` (seamkit.pruning.timing.PRECISIONS: fp32, or bf16 as training
+runs on CUDA), recorded in the report (`timing_precision`, and per timing); the compared steps
+always run in cfg.prune.dtype without autocast.
 What ran is counted in an untimed step of the same window: the rows (`kept`, `skipped`,
 `projected`) and the forward + backward FLOPs (FlopCounterMode), beside the FLOPs the plan
 promises (`prune.plan_flops`). A window without any target is skipped and counted
@@ -62,7 +65,7 @@ from seamkit.pruning.report import (
     tolerance,
 )
 from seamkit.pruning.step import MODES, CheckError, Stepper, mode_loss
-from seamkit.pruning.timing import GiB, profiled_peak_bytes, timed_sample
+from seamkit.pruning.timing import PRECISIONS, GiB, precision as timing_precision, profiled_peak_bytes, timed_sample
 from seamkit.report import write_report
 from seamkit.threads import resolve_threads
 
@@ -122,6 +125,7 @@ class Study:
     samples: int  # timed samples per window and mode
     warmup: int  # untimed steps per window and mode before them
     device: torch.device
+    precision: str  # what the timed steps run in (timing.PRECISIONS)
     bar: tqdm
 
 
@@ -132,7 +136,7 @@ def _steps_per_window(samples: int, warmup: int) -> int:
 
 
 def prune_check(cfg: RunConfig, checkpoint_path, out_path, windows: list | None = None,
-                progress: bool = True, corpus: str | None = None) -> dict:
+                progress: bool = True, corpus: str | None = None, precision: str = "fp32") -> dict:
     """The pruning study; writes the report to out_path (atomically) and returns it.
 
     windows: already-built windows (tests); None builds cfg.prune.windows of them from the
@@ -140,6 +144,8 @@ def prune_check(cfg: RunConfig, checkpoint_path, out_path, windows: list | None 
     report's config names the one read). On Ctrl-C the report written so far has status
     "interrupted".
     """
+    if precision not in PRECISIONS:
+        raise CheckError(f"unknown timing precision {precision!r}; choose one of {PRECISIONS}")
     checkpoint_path, out_path = Path(checkpoint_path), Path(out_path)
     ck, saved, data_cfg = _load(cfg, checkpoint_path, corpus)
     run_cfg = dataclasses.replace(cfg, model=saved.model, data=dataclasses.replace(
@@ -169,10 +175,11 @@ def prune_check(cfg: RunConfig, checkpoint_path, out_path, windows: list | None 
     control_ref = Reference("aot_eager") if kind != "eager" else None
     exact, tol = cfg.prune.exact, tolerance(cfg)
     report = new_report(cfg, run_cfg, checkpoint_path, ck, reference, device, strict_determinism(device))
+    report["timing_precision"] = precision
     samples, warmup = cfg.prune.samples, cfg.prune.warmup
     bar = tqdm(total=len(windows) * _steps_per_window(samples, warmup), desc="prune-check", unit="step",
                disable=not progress, mininterval=0.5)
-    study = Study(report, stepper, reference, control_ref, exact, samples, warmup, device, bar)
+    study = Study(report, stepper, reference, control_ref, exact, samples, warmup, device, precision, bar)
     try:
         for wi, window in enumerate(windows):
             _one_window(study, wi, window)
@@ -272,8 +279,8 @@ def _timed_steps(s: Study, wi: int, window, p: prune.Plan, results: dict, ran: d
     (no deterministic algorithms)."""
     stepper, bar, device = s.stepper, s.bar, s.device
     words = int(window.words)
-    timing = {m: {"window": wi, "mode": m, "words": words, "positions": int(window.positions),
-                  "documents": int(window.documents), "samples": [],
+    timing = {m: {"window": wi, "mode": m, "precision": s.precision, "words": words,
+                  "positions": int(window.positions), "documents": int(window.documents), "samples": [],
                   "stats": stats(results[m], m, window, ran[m])} for m in MODES}
     fns = {m: mode_loss(m, window, s.exact) for m in MODES}
     flops = {}
@@ -286,16 +293,17 @@ def _timed_steps(s: Study, wi: int, window, p: prune.Plan, results: dict, ran: d
         bar.set_postfix_str(f"window {wi}: warm-up {m}")
         for _ in range(s.warmup):
             stepper.reset()
-            stepper.run(fns[m])
+            with timing_precision(s.precision, device):
+                stepper.run(fns[m])
             bar.update(1)
         if device.type != "cuda":
-            allocated[m] = profiled_peak_bytes(stepper, fns[m]) / GiB
+            allocated[m] = profiled_peak_bytes(stepper, fns[m], s.precision) / GiB
         bar.update(1)
     for k in range(s.samples):
         order = MODES if k % 2 == 0 else MODES[::-1]  # interleaved, alternating who goes first
         for m in order:
             bar.set_postfix_str(f"window {wi}: sample {k} {m}")
-            sample = timed_sample(stepper, fns[m], words, device)
+            sample = timed_sample(stepper, fns[m], words, device, s.precision)
             if m in allocated:
                 sample = {"seconds": sample["seconds"], "words_per_second": sample["words_per_second"],
                           "allocated_GiB": allocated[m], "reserved_GiB": sample["reserved_GiB"]}

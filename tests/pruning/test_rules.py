@@ -6,6 +6,7 @@ import dataclasses
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from seamkit import config as C
 from seamkit.flops import measured_flops
@@ -33,21 +34,6 @@ def test_plan_indices_and_counts():
     assert p.stats == {"positions": w.positions, "live": int(live.sum()), "dropped": w.positions - int(live.sum()),
                        "targets": int(w.loss_mask.sum())}
     assert prune.projected_pairs(w.pos) == sum(L * (L + 1) // 2 for L in [40, 25, 1, 60, 30])
-
-
-def test_document_segments():
-    doc = torch.tensor([0] * 50 + [1] * 60 + [2] * 30 + [3] * 200 + [4] * 10)
-    assert prune.document_segments(doc, size=128) == [(0, 110), (110, 140), (140, 340), (340, 350)]
-    assert prune.document_segments(doc[:0]) == []
-    p = prune.plan(WINDOWS["long"]())
-    starts = [s for s, _ in p.segments]
-    assert p.segments[0][0] == 0 and p.segments[-1][1] == len(p.live)
-    assert all(e == s2 for (_, e), (s2, _) in zip(p.segments, p.segments[1:]))  # a partition of the live rows
-    doc_live = p.doc[p.live]
-    assert all(doc_live[s - 1] != doc_live[s] for s in starts[1:])  # never inside a document
-    t = p.target_in_live
-    assert all(bool(((t[a:b] >= s) & (t[a:b] < e)).all()) for (a, b), (s, e) in zip(p.target_segments, p.segments))
-    assert sum(b - a for a, b in p.target_segments) == len(t)
 
 
 def test_refuses_where_not_exact():
@@ -133,10 +119,11 @@ def test_planted_fault_one_target_too_many_pruned(model):
 def test_plan_flops_are_what_the_steps_run(model, name):
     """FlopCounterMode over what each step ran equals what `plan_flops` says, for the unpruned
     and the pruned step, so the plan's every term is held to the counter: the LM head on N rows
-    unpruned and on |T| pruned, attention by segments, the last block's queries on T.
+    unpruned and on |T| pruned, attention over the padded tiles, the last block's queries on T.
 
     Planted fault this catches: attention run forward on all rows, weight gradients over all
-    rows, the pruned step being the unpruned one, or a plan term counted on the wrong rows."""
+    rows, the pruned step being the unpruned one, a plan term counted on the wrong rows, or the
+    tiles' attention counted without its padding."""
     w = WINDOWS[name]()
     p = prune.plan(w)
     planned = prune.plan_flops(model.cfg, p)
@@ -173,3 +160,58 @@ def test_flop_counter_counts_the_cpu_attention_kernels():
     mask = torch.ones(16, 16, dtype=torch.bool).tril()
     flops = measured_flops(lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask).sum())
     assert flops == 14 * 2 * 16 * 16 * 8  # forward 2 GEMMs, backward 5, of 2*q*k*D per head
+
+
+HOST_READS = ("item", "tolist", "__bool__", "__int__", "__float__", "__index__", "cpu", "numpy")
+
+
+class _ScalarReads(TorchDispatchMode):
+    """Counts aten::_local_scalar_dense, where every read of a tensor's value to the host ends."""
+
+    def __init__(self):
+        super().__init__()
+        self.reads = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.reads += func is torch.ops.aten._local_scalar_dense.default
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("name", ["long", "tails"])
+def test_step_after_the_plan_reads_nothing_back(stepper, monkeypatch, name):
+    """With the plan built, the pruned step (forward, backward, AdamW) reads no tensor back to
+    the host: on an accelerator each read would wait for the device.
+
+    Planted fault this catches: an `.item()` in pruned_loss (a count of the rows kept, say)."""
+    p = prune.plan(WINDOWS[name]())
+    calls = []
+    for method in HOST_READS:
+        original = getattr(torch.Tensor, method)
+        monkeypatch.setattr(torch.Tensor, method,
+                            lambda self, *a, _m=method, _f=original, **k: calls.append(_m) or _f(self, *a, **k))
+    stepper.reset()
+    with _ScalarReads() as scalars:
+        stepper.run(lambda m: prune.pruned_loss(m, p, {}))
+    monkeypatch.undo()
+    assert (calls, scalars.reads) == ([], 0)
+    with _ScalarReads() as scalars:  # the counter sees a read where there is one
+        bool(p.idx.sum() > 0)
+    assert scalars.reads == 1
+
+
+def test_plan_packed_for_one_copy():
+    """The plan's tensors packed into one byte buffer (the one copy to an accelerator) come back
+    equal, dtypes and shapes included, from int64 indices and boolean masks of odd sizes.
+
+    Planted fault this catches: tensors packed back to back without the 8-byte offsets (an int64
+    view of a buffer at an odd offset fails, or reads the wrong bytes)."""
+    p = prune.plan(WINDOWS["tails"]())
+    host = {"target": p.target, "mask": p.tiles.mask, "idx": p.idx, "odd": torch.ones(3, dtype=torch.bool),
+            "slots": p.tiles.row_of_slot}
+    buffer, cuts = prune.packed(host)
+    assert buffer.dtype == torch.uint8 and buffer.dim() == 1
+    back = prune.unpacked(buffer.clone(), cuts)
+    assert all(torch.equal(back[k], v) and back[k].dtype == v.dtype for k, v in host.items())
+    moved = prune.to_device(host, torch.device("meta"))  # the path an accelerator takes, shapes only
+    assert {k: (v.device.type, v.dtype, v.shape) for k, v in moved.items()} == \
+        {k: ("meta", v.dtype, v.shape) for k, v in host.items()}

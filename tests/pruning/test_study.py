@@ -114,6 +114,30 @@ def test_arithmetic_float64_study(ckpt_path, tmp_path):
     assert f["base"] - f["prune_exact"] >= f["plan_base"] - f["plan_pruned"] > 0
 
 
+def test_timings_in_the_precision_asked_and_compared_steps_in_float32(ckpt_path, tmp_path, monkeypatch):
+    """precision="bf16": the timed steps (memory and samples) run under bf16 autocast and the
+    report says so, per timing too; the compared steps still run in float32, so prune_exact's
+    deltas to base stay float32's.
+
+    Planted faults this catches: the timed steps run in float32 whatever was asked; the compared
+    steps run under the timing precision (their deltas become bf16's, ~1e-3)."""
+    autocast, real = [], study.mode_loss
+
+    def recording(*args, **kw):
+        fn = real(*args, **kw)
+        return lambda model: autocast.append(torch.is_autocast_enabled("cpu")) or fn(model)
+
+    monkeypatch.setattr(study, "mode_loss", recording)
+    cfg = tiny_cfg(**{"prune.samples": 1})
+    rep = study.prune_check(cfg, ckpt_path, tmp_path / "p.json", windows=[WINDOWS["random"]()], progress=False,
+                            precision="bf16")
+    assert autocast.count(True) == 2 * (1 + cfg.prune.samples)  # each mode's memory step and samples
+    assert rep["timing_precision"] == "bf16" and {t["precision"] for t in rep["timings"]} == {"bf16"}
+    assert rep["controls"][0]["gradient_max"] < 1e-5  # float32 rounding, not bf16's
+    with pytest.raises(CheckError, match="unknown timing precision 'fp8'"):
+        study.prune_check(cfg, ckpt_path, tmp_path / "q.json", windows=[WINDOWS["random"]()], precision="fp8")
+
+
 def test_checkpoint_without_optimizer_state_starts_a_fresh_adamw(tmp_path):
     cfg = tiny_cfg(**{"prune.samples": 1})
     torch.manual_seed(0)
