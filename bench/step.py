@@ -44,25 +44,22 @@ ARMS = ("e2e", "local")
 
 # ----------------------------------------------------------------------------- inside one tree
 
-class _Counts:
-    """aten ops dispatched while entered."""
+# Both trees are measured by this file's own counters, not by either tree's seamkit (the commit
+# before a change may not have them): torch's dispatch mode and the profiler's memory events.
 
-    def __init__(self):
-        from torch.utils._python_dispatch import TorchDispatchMode
+def _ops(fn) -> int:
+    """aten ops dispatched during fn()."""
+    from torch.utils._python_dispatch import TorchDispatchMode
 
-        class Mode(TorchDispatchMode):
-            n = 0
+    class Counter(TorchDispatchMode):
+        n = 0
 
-            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-                Mode.n += 1
-                return func(*args, **(kwargs or {}))
-        self.mode = Mode()
-
-    def __call__(self, fn) -> int:
-        type(self.mode).n = 0
-        with self.mode:
-            fn()
-        return type(self.mode).n
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            Counter.n += 1
+            return func(*args, **(kwargs or {}))
+    with Counter():
+        fn()
+    return Counter.n
 
 
 def _peak_bytes(fn) -> int:
@@ -115,7 +112,7 @@ def _arm_figures(cfg, arm: str) -> dict:
     ch = _chain(cfg, arm)
     x, y = _batch(cfg)
     ch.step(x, y, cfg.train.lr)  # warm-up: the optimizer's state exists, as mid-training
-    ops = _Counts()(lambda: ch.step(x, y, cfg.train.lr))
+    ops = _ops(lambda: ch.step(x, y, cfg.train.lr))
     step_peak = _peak_bytes(lambda: ch.step(x, y, cfg.train.lr))
     for p in ch.model.parameters():
         p.grad = None
@@ -139,7 +136,7 @@ def _pruned_figures(cfg, pairs: int, timed: bool) -> dict:
     out = {}
     for m, fn in fns.items():
         stepper.reset()
-        out[f"{m}_ops"] = _Counts()(lambda: stepper.run(fn))
+        out[f"{m}_ops"] = _ops(lambda: stepper.run(fn))
         stepper.reset()
         out[f"{m}_flops"] = measured_flops(lambda: fn(stepper.model))
         stepper.reset()

@@ -16,9 +16,9 @@ import os
 from collections import Counter
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from seamkit import readout
+from seamkit.torch_internals import TorchDispatchMode
 
 aten = torch.ops.aten
 VALUE_OPS = {aten._local_scalar_dense, aten.nonzero, aten.masked_select, aten.unique_consecutive,

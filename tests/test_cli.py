@@ -275,3 +275,10 @@ def test_an_unknown_start_method_is_one_line(tmp_path):
     assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr[-2000:]
     assert out.stderr.strip() == "seamkit seams: error: SEAMKIT_START_METHOD='fork': expected forkserver or spawn"
     assert not (tmp_path / "s.json").exists()
+
+
+def test_prune_check_precision_flag_sets_the_config():
+    """--precision reaches prune.precision (what the study times in). Planted fault this catches:
+    the flag missing from the flag table (the config keeps fp32)."""
+    args = cli.parser().parse_args(["prune-check", "--preset", "tiny", "--checkpoint", "x.pt", "--precision", "bf16"])
+    assert cli.build_config(args).prune.precision == "bf16"

@@ -34,6 +34,18 @@ def test_the_check_fails_when_a_signature_differs(monkeypatch):
         "schedules._wait_batch_p2p", "schedules._Action", "schedules._ComputationType", "stage.stage_backward"}
 
 
+def test_the_check_sees_the_dispatch_mode_and_the_profiler_change(monkeypatch):
+    """Planted fault: `__torch_dispatch__` losing its kwargs, `_EventType` its Allocation member."""
+    class Mode:
+        def __torch_dispatch__(self, func, types, args=()):
+            pass
+    monkeypatch.setattr(TI._python_dispatch, "TorchDispatchMode", Mode)
+    monkeypatch.setattr(TI._profiler, "_EventType", type("Kinds", (), {"TorchOp": 0}))
+    found = TI.found()
+    assert {k for k, v in found.items() if v != TI.EXPECTED[k]} == {"_python_dispatch.TorchDispatchMode",
+                                                                    "_profiler._EventType"}
+
+
 def test_timed_pipeline_waits_restores_the_schedule():
     """The wrapper stands in for `_wait_batch_p2p` only inside the block. Planted fault this
     catches: the wrapper left in place (every later schedule's waits timed into a stale timer)."""

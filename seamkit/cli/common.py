@@ -21,6 +21,7 @@ FLAG_KEYS = (("seed", "train.seed"), ("threads", "train.threads"), ("budget", "t
              ("windows", "prune.windows"), ("samples", "prune.samples"), ("policy", "prune.policy"),
              ("dtype", "prune.dtype"), ("repeats", "seams.repeats"), ("order", "seams.order"),
              ("lr_schedule", "train.lr_schedule"), ("exact", "prune.exact"), ("reference", "prune.reference"),
+             ("precision", "prune.precision"),
              ("devices", "seams.devices"), ("placement", "seams.placement"), ("calibration", "seams.calibration"))
 
 

@@ -130,6 +130,8 @@ def add_prune_check(sub) -> None:
                    help="prune.exact: arithmetic (default; float64 within 1e-12) or bitwise (this CPU's bits, slower)")
     p.add_argument("--reference", choices=("inductor", "eager"),
                    help="prune.reference: inductor (default; a failed compile stops the run) or eager")
+    p.add_argument("--precision", choices=("fp32", "bf16"),
+                   help="prune.precision: what the timed steps run in, fp32 (default) or bf16 (as training on CUDA)")
     p.add_argument("--out", default="reports/pruning.json", help="report path")
     p.set_defaults(fn=cmd_prune_check)
 

@@ -254,10 +254,14 @@ class PruneConfig:
     dtype: str = "float32"  # float32 or float64 (the 1e-12 check)
     reference: str = "inductor"  # inductor: torch.compile of the unpruned step; eager: the eager step, asked for
     exact: str = "arithmetic"  # arithmetic: pruned on every op (float64 within 1e-12); bitwise: CPU bits, slower
+    # what the timed steps run in: fp32 (as stored, TF32 off), or bf16 (autocast, with TF32 for the
+    # float32 matmuls it leaves, as training runs on CUDA); the compared steps stay in prune.dtype
+    precision: str = "fp32"
 
     def __post_init__(self):
         check_fields(self, "prune")
         check_policy(self.policy)
+        one_of("prune.precision", self.precision, ("fp32", "bf16"))
         if self.split not in ("train", "val", "test"):
             raise ConfigError(f"prune.split must be train, val or test, got {self.split!r}")
         if self.dtype not in ("float32", "float64"):

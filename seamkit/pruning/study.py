@@ -136,7 +136,7 @@ def _steps_per_window(samples: int, warmup: int) -> int:
 
 
 def prune_check(cfg: RunConfig, checkpoint_path, out_path, windows: list | None = None,
-                progress: bool = True, corpus: str | None = None, precision: str = "fp32") -> dict:
+                progress: bool = True, corpus: str | None = None, precision: str | None = None) -> dict:
     """The pruning study; writes the report to out_path (atomically) and returns it.
 
     windows: already-built windows (tests); None builds cfg.prune.windows of them from the
@@ -144,6 +144,7 @@ def prune_check(cfg: RunConfig, checkpoint_path, out_path, windows: list | None 
     report's config names the one read). On Ctrl-C the report written so far has status
     "interrupted".
     """
+    precision = precision or cfg.prune.precision
     if precision not in PRECISIONS:
         raise CheckError(f"unknown timing precision {precision!r}; choose one of {PRECISIONS}")
     checkpoint_path, out_path = Path(checkpoint_path), Path(out_path)

@@ -18,11 +18,10 @@ import sys
 import time
 
 import torch
-from torch._C._profiler import _EventType
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from seamkit.memory import peak_rss_bytes, reset_peak_memory
 from seamkit.pruning.step import Stepper
+from seamkit.torch_internals import OpCounter, peak_live_bytes
 
 GiB = 2 ** 30
 PRECISIONS = ("fp32", "bf16")  # fp32: as stored, TF32 off; bf16: autocast, as training runs on CUDA
@@ -48,21 +47,11 @@ def precision(name: str, device: torch.device):
             matmul.fp32_precision = before
 
 
-class _OpCounter(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.ops = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops += 1
-        return func(*args, **(kwargs or {}))
-
-
 def dispatched_ops(stepper: Stepper, loss_fn, precision_name: str = "fp32") -> int:
     """aten ops one step dispatches (forward, backward, optimizer step; the loss function's own
     work, a plan included), counted below autograd: what an accelerator launches."""
     stepper.reset()
-    with precision(precision_name, stepper.model.embed.weight.device), _OpCounter() as counter:
+    with precision(precision_name, stepper.model.embed.weight.device), OpCounter() as counter:
         stepper.run(loss_fn)
     return counter.ops
 
@@ -107,18 +96,7 @@ def profiled_peak_bytes(stepper: Stepper, loss_fn, precision_name: str = "fp32")
     with _quiet_fd2(), precision(precision_name, torch.device("cpu")), torch.profiler.profile(
             activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
         stepper.run(loss_fn)
-    allocations = []  # (time, +bytes allocated / -bytes freed), every allocation event of the step
-    stack = list(prof.profiler.kineto_results.experimental_event_tree())
-    while stack:
-        node = stack.pop()
-        if node.typed[0] == _EventType.Allocation and node.typed[1].device.type == "cpu":
-            allocations.append((node.start_time_ns, node.typed[1].alloc_size))
-        stack.extend(node.children)
-    live = peak = 0
-    for _, size in sorted(allocations):
-        live += size
-        peak = max(peak, live)
-    return base + peak
+    return base + peak_live_bytes(prof)
 
 
 def timed_sample(stepper: Stepper, loss_fn, words: int, device: torch.device, precision_name: str = "fp32") -> dict:

@@ -6,12 +6,12 @@ import dataclasses
 import pytest
 import torch
 import torch.nn.functional as F
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from seamkit import config as C
 from seamkit.flops import measured_flops
 from seamkit.model import GPT
 from seamkit.pruning import rules as prune
+from seamkit.torch_internals import TorchDispatchMode
 from tests.pruning.windows import WINDOWS, grads_of, one_target_dropped
 
 
