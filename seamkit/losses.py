@@ -60,24 +60,26 @@ class _LinearCrossEntropy(torch.autograd.Function):
         h = h_NC.to(dtype)
         valid = y_N != IGNORE
         y = torch.where(valid, y_N, 0)
-        count = valid.sum().to(acc)  # the mean's denominator, on the device (no host read)
-        total = torch.zeros((), dtype=acc, device=h.device)
+        # each scored row's share of the mean, 1/count, and 0 for the rest; count stays on the device
+        share = valid.to(acc) / valid.sum()
+        total = None
         gh = torch.empty_like(h) if grad_h else None
         gw = torch.zeros(w.shape, dtype=acc if grad_w else dtype, device=h.device) if grad_w else None
+        minus_one = torch.full((min(rows, N), 1), -1.0, dtype=acc, device=h.device) if grad_h or grad_w else None
         for a in range(0, N, rows):
-            h_c, y_c, v_c = h[a:a + rows], y[a:a + rows], valid[a:a + rows]
+            h_c, y_c, s_c = h[a:a + rows], y[a:a + rows, None], share[a:a + rows]
             z = (h_c @ w.T).to(acc)  # (r, V + pad): one chunk's logits, the only ones alive
             if pad:
                 z[:, V:] = float("-inf")
-            lse = torch.logsumexp(z, dim=-1)
-            picked = z.gather(1, y_c[:, None])[:, 0]
-            total += torch.where(v_c, lse - picked, 0).sum()
+            logp = torch.log_softmax(z, dim=-1)
+            del z
+            part = torch.dot(logp.gather(1, y_c)[:, 0], s_c).neg()
+            total = part if total is None else total + part
             if gh is None and gw is None:
                 continue
-            p = z.sub_(lse[:, None]).exp_()  # the softmax, in the logits' buffer
-            p.scatter_add_(1, y_c[:, None], torch.full_like(picked[:, None], -1.0))
-            p.mul_(torch.where(v_c, 1.0 / count, 0.0)[:, None])
-            dz = p.to(dtype)
+            p = logp.exp_()  # the softmax, in the log-softmax's buffer
+            p.scatter_add_(1, y_c, minus_one[:len(y_c)])
+            dz = p.mul_(s_c[:, None]).to(dtype)
             if gh is not None:
                 torch.mm(dz, w, out=gh[a:a + rows])
             if gw is not None:
@@ -90,7 +92,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
         if gw is not None:
             gw = gw[:V].to(w_VC.dtype)
         ctx.save_for_backward(gh, gw)
-        return total / count
+        return total
 
     @staticmethod
     def backward(ctx, g):
