@@ -149,8 +149,10 @@ class RankLoop:
             if self.step.agree_failed(self.loop.run["status"] == "failed"):
                 self.loop.run["status"] = "failed"
         loop = self.loop
-        loop.run["elapsed_s"] = self.clock.elapsed()  # the clock and both timers read at one point
+        loop.run["elapsed_s"] = self.clock.settled()  # the clock and both timers read at one point
         self.turns.finish(loop.steps, loop.run["elapsed_s"])
+        if self.device.type == "cuda":  # the host only queued the work: the device computed whenever it did not wait
+            self.compute = max(0.0, loop.run["elapsed_s"] - self.wait.s)
         run = loop.finish() | {"wire_steps": self.wire_steps, "failed_here": self.failed_here,
                                "compute_s": self.compute, "wait_s": self.wait.s}
         run["loss"] = loop.last["loss"] if loop.last else None  # this rank's own last loss

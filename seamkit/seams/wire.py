@@ -17,7 +17,8 @@ for it. Compute is timed separately (forward, loss, backward, optimizer), in blo
 hold a wait; on the CPU both timers and the training clock read `time.perf_counter` and are read
 together when training ends (evaluation's waits come after). So compute + wait <= elapsed is a
 check, not an identity, exact up to float addition, and a rank held up by a slow neighbour shows
-it as wait. (On CUDA the compute timer is the host's time queueing the work.)
+it as wait. (On CUDA the host only queues the compute: a rank's compute is its training time
+less its waits, read at the end.)
 
 Control words (rank 0's word for every step boundary) are CPU tensors: a process group on CUDA
 takes them over gloo beside NCCL (`launch.backend_of`), so reading one never waits on a GPU.
