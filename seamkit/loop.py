@@ -136,8 +136,9 @@ class BudgetLoop:
     (`seams.ranks.RankLoop`; one process is a world of one rank).
 
     `spent()` says whether the budget or max_steps is used up; `begin()` gives the next step, the
-    training second it starts at and its LR; `stepped(...)` records a finished step (curve points
-    at their marks, progress, `after_step` off the clock);
+    training second it starts at and its LR; `ran(...)` records that the step is queued (its time,
+    `after_step` off the clock) and `stepped(...)` its losses once they reach the host (curve
+    points at their marks, progress; one step later on a GPU: `seamkit.readout`);
     `fail(step)` and `interrupt()` end it; `finish()` fills the last marks and returns the run:
     status, steps, elapsed_s, max_step_s, failed_step, lr_final, points, wall_clock_dependent and
     `resume`, the plain loop state that `resume=` takes to continue where it was (steps, training
