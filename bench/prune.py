@@ -77,7 +77,7 @@ from seamkit.pruning.timing import (  # noqa: E402
     profiled_peak_bytes,
     timed_sample,
 )
-from seamkit.report import atomic_write_text  # noqa: E402
+from seamkit.report import atomic_write_text, git_commit  # noqa: E402
 
 BIG = {"data.tokenizer": "qwen", "model.vocab": 151936, "model.n_blocks": 4}
 CASES = {
@@ -276,6 +276,7 @@ def main(argv=None) -> int:
             first = results[names[0]]
             result = {"command": shlex.join(["python", "bench/prune.py", *argv]), "date": first["date"],
                       "machine": first["machine"], "torch_version": first["torch_version"],
+                      "git_commit": first["git_commit"],
                       "seconds": round(time.time() - t0, 1), "allocators": ALLOCATORS,
                       "targets_met": all(r["targets_met"] for r in results.values()),
                       "table": "\n\n".join(f"allocator {n}:\n{r['table']}" for n, r in results.items()),
@@ -299,7 +300,7 @@ def main(argv=None) -> int:
                   "machine": {"platform": platform.platform(), "processor": platform.processor(),
                               "cores": os.cpu_count(), "threads": torch.get_num_threads(), "device": str(device),
                               "note": args.note},
-                  "torch_version": torch.__version__, "seconds": round(time.time() - t0, 1),
+                  "torch_version": torch.__version__, "git_commit": git_commit(), "seconds": round(time.time() - t0, 1),
                   "table": table(rows), "cases": rows}
         atomic_write_text(Path(args.out), json.dumps(result, indent=1) + "\n")
     return 0 if all(r["targets_met"] for r in rows) else 1
