@@ -10,7 +10,9 @@ Per preset (`--presets`, default cpu and seed; the seed preset is one step on th
   the pruned step (float32, `--exact` arithmetic);
 - memory: the peak of live tensor bytes during the step (the profiler's allocation events, on top
   of the parameters and optimizer state already there), and of the LM loss alone: the last
-  segment's loss on a (batch, seq, dim) input and its backward, what the head's logits cost.
+  segment's loss on a (batch, seq, dim) input and its backward, what the head's logits cost; and,
+  where the tree has it, the local arm with one backward over every segment's loss
+  (`seams.local_backward=once`).
 At the cpu preset, speed, interleaved (`--rounds` rounds, the sides alternating, each round a
 process per side): e2e and local tokens/s over `--steps` steps, e2e's MFU over one matmul peak
 measured here; the pruned step's speed-up over the unpruned one (the median of interleaved
@@ -181,6 +183,8 @@ def worker(args) -> dict:
     cfg = C.override(C.preset(args.preset), {"train.device": "cpu", "prune.windows": 1})
     if args.what == "count":
         out = {arm: _arm_figures(cfg, arm) for arm in ARMS}
+        if hasattr(cfg.seams, "local_backward"):  # one backward over every local loss: what it costs in memory
+            out["local_once"] = _arm_figures(C.override(cfg, {"seams.local_backward": "once"}), "local")
         out["pruned"] = _pruned_figures(cfg, 0, timed=False)
         return out
     return {**_speed(cfg, args.steps), "pruned": _pruned_figures(cfg, args.pairs, timed=True)}
@@ -303,6 +307,9 @@ def main(argv=None) -> int:
             print(f"{preset} {arm}: ops {b['ops']} -> {a['ops']}, step peak {b['step_peak_bytes'] / 2**20:.0f} -> "
                   f"{a['step_peak_bytes'] / 2**20:.0f} MiB, loss peak {b['loss_peak_bytes'] / 2**20:.1f} -> "
                   f"{a['loss_peak_bytes'] / 2**20:.1f} MiB")
+        if "local_once" in counts["after"][preset]:
+            a = counts["after"][preset]["local_once"]
+            print(f"{preset} local, one backward: ops {a['ops']}, step peak {a['step_peak_bytes'] / 2**20:.0f} MiB")
         b, a = counts["before"][preset]["pruned"], counts["after"][preset]["pruned"]
         print(f"{preset} pruned/base ops: {b['prune_exact_ops']}/{b['base_ops']} -> {a['prune_exact_ops']}/{a['base_ops']}")
     if args.out:
