@@ -37,11 +37,12 @@ def _ranked(tmp_path_factory) -> dict:
     """Every multi-rank case on one pair of ranks, each arm once as it is and once with the planted
     host read in its chain step (the stages' cases)."""
     if not _COUNTS:
+        d = tmp_path_factory.mktemp("syncs")
         cases = []
         for name, (arm, placement, kw) in RANK_CASES.items():
             cfg = H.tiny(STEPS, **kw)
-            cases.append((name, H.spec(arm, cfg, placement, None), False))
-        cases.append(("stages_local_planted", H.spec("local", H.tiny(STEPS), "stages", None), True))
+            cases.append((name, H.spec(arm, cfg, placement, d / f"{name}.pt"), False))
+        cases.append(("stages_local_planted", H.spec("local", H.tiny(STEPS), "stages", d / "planted.pt"), True))
         ranks = run_ranks(syncs.counted_rank, H.WORLD, cases, label="syncs")
         _COUNTS.update({name: [r[name] for r in ranks] for name in ranks[0]})
     return _COUNTS
