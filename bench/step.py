@@ -32,6 +32,7 @@ rules' unpadded ceiling, before's).
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import shlex
@@ -182,9 +183,13 @@ def worker(args) -> dict:
     from seamkit import config as C
     cfg = C.override(C.preset(args.preset), {"train.device": "cpu", "prune.windows": 1})
     if args.what == "count":
-        out = {arm: _arm_figures(cfg, arm) for arm in ARMS}
+        out = {}
+        for arm in ARMS:
+            out[arm] = _arm_figures(cfg, arm)
+            gc.collect()  # a chain refers to itself (its segment wrappers): free it before the next one's
         if hasattr(cfg.seams, "local_backward"):  # one backward over every local loss: what it costs in memory
             out["local_once"] = _arm_figures(C.override(cfg, {"seams.local_backward": "once"}), "local")
+            gc.collect()
         out["pruned"] = _pruned_figures(cfg, 0, timed=False)
         return out
     return {**_speed(cfg, args.steps), "pruned": _pruned_figures(cfg, args.pairs, timed=True)}
