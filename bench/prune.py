@@ -233,6 +233,7 @@ def run_allocators(names: list[str], argv: list[str]) -> dict:
             if not path.exists():
                 raise SystemExit(f"bench/prune.py --allocator {name} failed (exit {rc})")
             out[name] = json.loads(path.read_text())
+            out[name]["command"] = out[name]["command"].replace(d, "DIR")  # a temporary folder names no machine
     return out
 
 
