@@ -81,12 +81,15 @@ def read(report: Report) -> tuple[list[float], int | None]:
     return decode(values, report.flags.shape[-1], flags.numel())
 
 
+LAG = {"cuda": 1}  # steps a report waits before the host reads it, by device type (0 elsewhere)
+
+
 class Readout:
     """Reports on their way to the host (module docstring), each with what the loop keeps beside it."""
 
     def __init__(self, device: torch.device):
         self.cuda = device.type == "cuda"
-        self.lag = 1 if self.cuda else 0
+        self.lag = LAG.get(device.type, 0)
         self.queue: deque = deque()  # (meta, host buffer, event or None, parts)
 
     def push(self, meta, report: Report) -> None:

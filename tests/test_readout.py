@@ -124,3 +124,38 @@ def test_the_loop_trains_what_a_plain_loop_trains(corpus, tmp_path):
     mine = torch.load(path, weights_only=True)["model"]
     want, _, _ = H.micro_batched(cfg, corpus, STEPS, 1)
     assert mine.keys() == want.keys() and all(torch.equal(mine[k], want[k]) for k in want)
+
+
+def _run(arm: str, cfg, corpus, path, lag: int, monkeypatch):
+    monkeypatch.setitem(readout.LAG, "cpu", lag)
+    r = run_arm(ArmSpec(arm, cfg, C.Placement("single"), 1, str(path), own_process=False), corpus=corpus)
+    return r, torch.load(path, weights_only=False)
+
+
+@pytest.mark.parametrize("arm", ["e2e", "local", "delayed"])
+@pytest.mark.parametrize("nan_at", [None, 3])
+def test_reports_read_a_step_late_train_what_reports_read_at_once_train(arm, nan_at, corpus, monkeypatch, tmp_path):
+    """A GPU's lag (each report read one step late) run on the CPU: a complete arm ends with the same
+    weights, optimizer state and curve as one that reads each report at once; an arm whose output
+    goes NaN at step 3 fails at step 3 on the weights of before it, though the step after it ran
+    before the host read the flag (the still-raised flag skipped its update on the device).
+    Planted fault this catches: the flag not kept across steps (`found_inf` without `sticky`: the
+    step after the failed one updates, and the weights differ)."""
+    from seamkit.seams import ranks as RK
+    cfg = H.tiny(STEPS, **{"seams.arms": "e2e,local,delayed", "seams.local_weight": 0.5})
+    if nan_at is not None:
+        monkeypatch.setenv(RK.FAULT_ENV, f"0:{nan_at}:nan")
+    (a, ck_a), (b, ck_b) = (_run(arm, cfg, corpus, tmp_path / f"{lag}.pt", lag, monkeypatch) for lag in (0, 1))
+    assert (a.status, a.failed_step, a.steps) == (b.status, b.failed_step, b.steps)
+    assert a.status == ("complete" if nan_at is None else "failed") and a.failed_step == nan_at
+    assert a.loss_curve == b.loss_curve and a.loss_curve_steps == b.loss_curve_steps
+    assert all(torch.equal(ck_a["model"][k], ck_b["model"][k]) for k in ck_a["model"])
+    assert all(torch.equal(x, y) for x, y in zip(_tensors(ck_a["optimizer"]), _tensors(ck_b["optimizer"])))
+
+
+def _tensors(obj) -> list:
+    if isinstance(obj, dict):
+        return [t for k in sorted(obj, key=str) for t in _tensors(obj[k])]
+    if isinstance(obj, (list, tuple)):
+        return [t for v in obj for t in _tensors(v)]
+    return [obj] if torch.is_tensor(obj) else []
