@@ -7,8 +7,9 @@ budget per arm (equal wall-clock), on `--devices` devices, every arm on its fast
   own_head+d2:           local own_head, delayed d=2;
   aux_head+d1+pipemare:  local aux_head, delayed d=1 with PipeMare's LR rescheduling (lr_delay_steps=100);
   own_head+d1+predict:   local own_head, delayed d=1 with weight prediction (weight_prediction=1);
-  d1+feedback:           delayed d=1 with error feedback (error_feedback=0.5), against e2e alone;
-  d1+nesterov:           delayed d=1 with Nesterov look-ahead (NAdamW at beta1 0.99), against e2e alone;
+  aux_head+d1+feedback:  local aux_head, delayed d=1 with error feedback (error_feedback=0.5);
+  aux_head+d1+nesterov:  local aux_head, delayed d=1 with Nesterov look-ahead (NAdamW at beta1 0.99);
+(a study runs e2e and local always: `seams.arms` names both)
 the delayed arm with weight stashing throughout. The default plan runs the first four under AdamW
 and the first two under Muon; a study's local arm is repeated across studies with its own e2e.
 Per arm, from the study's paired aggregate: the gap to e2e's held-out loss at equal wall-clock
@@ -38,8 +39,8 @@ STUDIES = {
     "own_head+d2": {**ARMS, "seams.objective": "own_head", "seams.delay": 2},
     "aux_head+d1+pipemare": {**ARMS, "seams.objective": "aux_head", "seams.delay": 1, "seams.lr_delay_steps": 100},
     "own_head+d1+predict": {**ARMS, "seams.objective": "own_head", "seams.delay": 1, "seams.weight_prediction": 1.0},
-    "d1+feedback": {**ARMS, "seams.arms": "e2e,delayed", "seams.delay": 1, "seams.error_feedback": 0.5},
-    "d1+nesterov": {**ARMS, "seams.arms": "e2e,delayed", "seams.delay": 1, "seams.nesterov_momentum": 0.99},
+    "aux_head+d1+feedback": {**ARMS, "seams.objective": "aux_head", "seams.delay": 1, "seams.error_feedback": 0.5},
+    "aux_head+d1+nesterov": {**ARMS, "seams.objective": "aux_head", "seams.delay": 1, "seams.nesterov_momentum": 0.99},
 }
 CORRECTION = {"seams.lr_delay_steps": " + PipeMare LR", "seams.weight_prediction": " + weight prediction",
               "seams.error_feedback": " + error feedback", "seams.nesterov_momentum": " + Nesterov (NAdamW)"}
