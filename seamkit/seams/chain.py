@@ -14,16 +14,18 @@ Step t (`Chain.step`) on batch t:
 - its loss: the LM loss on the last segment; a non-final one's local objective where the policy
   has one (`objectives.local_loss`);
 - what comes back across a seam (the policy): for local, nothing, and each segment
-  backpropagates its own loss at once, which frees its activations (local's memory saving); for
+  backpropagates its own loss at once, which frees its activations (local's memory saving; with
+  `seams.local_backward=once`, one backward over every segment's loss after all forwards); for
   e2e and delayed the last segment backpropagates the LM loss and each seam passes the
   input-gradient back `delay` steps later (through the segment's inbox in this process, or sent
   to the previous rank, taken there `delay` steps on), each segment backpropagating its local loss
   (times `local_weight`) at once into its own parameters and head;
 - update: where a gradient crosses, one global-norm clip over every gradient of the step (one
   process's `clip_grad_norm_` order: the GPT's, then the heads'), computed on ranks from one small
-  all_reduce of the per-tensor norms, the losses and non-finite flags (`update`); where none
-  crosses, each segment clips what it owns (its blocks and its head). A non-finite loss or output
-  makes no update.
+  all_reduce of the per-tensor norms, the losses and non-finite flags (`update.end_of_step`);
+  where none crosses, each segment clips what it owns (its blocks and its head). A non-finite
+  loss or output makes no update, decided on the device; the step returns its losses and flags
+  as a device `readout.Report` and reads nothing back itself.
 
 With delay 0 this is e2e bit for bit; with no seams, local is e2e bit for bit; the stages of a
 placement train what one process trains bit for bit (tests/seams/test_chain.py).

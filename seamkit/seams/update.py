@@ -5,12 +5,11 @@ A step on several ranks clips by the norm one process would compute: each rank w
 of every gradient it holds into a vector at that parameter's place in the arm's order, the
 vector is summed over the ranks (one writer per slot, zeros elsewhere: the sum is exact), and the
 total is the norm of the norms that are there, as `clip_grad_norm_` takes it, parameters without
-a gradient left out. One process runs the same code with nothing to sum.
+a gradient left out: which have one, every rank knows from the policy (`Slots`), so no rank reads
+another's. One process runs the same code with nothing to sum.
 """
 
 from __future__ import annotations
-
-import math
 
 import torch
 
@@ -19,21 +18,9 @@ from seamkit.readout import Report, found_inf
 from seamkit.seams.corrections import late_weights, rescale_lr
 
 
-def norms_at(vec: torch.Tensor, slots: list[int], params: list, has_at: int | None = None) -> None:
-    """The norm of each parameter's gradient at its slot in `vec`; with `has_at`, a 1 at
-    vec[has_at + slot] for each that has one (the rest have none: the clip leaves them out)."""
-    got = [i for i, p in enumerate(params) if p.grad is not None]
-    if got:
-        norms = torch._foreach_norm([params[i].grad for i in got], 2.0)
-        for i, g in zip(got, norms):
-            vec[slots[i]] = g
-            if has_at is not None:
-                vec[has_at + slots[i]] = 1.0
-
-
-def global_norm(norms: torch.Tensor, has: torch.Tensor | None = None) -> torch.Tensor:
-    """`clip_grad_norm_`'s total from per-tensor norms (in the arm's order), those without a gradient left out."""
-    return torch.linalg.vector_norm(norms if has is None else norms[has > 0], 2.0)
+def global_norm(norms: torch.Tensor) -> torch.Tensor:
+    """`clip_grad_norm_`'s total from per-tensor norms (in the arm's order)."""
+    return torch.linalg.vector_norm(norms, 2.0)
 
 
 def clip(params, max_norm: float, total: torch.Tensor) -> None:
@@ -72,10 +59,6 @@ def skip(opts: list) -> None:
     """No update: a non-finite loss leaves the weights as they were."""
     for opt in opts:
         opt.zero_grad(set_to_none=True)
-
-
-def finite(values) -> bool:
-    return all(math.isfinite(v) for v in values)
 
 
 class Slots:

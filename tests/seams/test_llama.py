@@ -35,7 +35,7 @@ def test_every_arm_trains_the_llama_block(arm, corpus):
 
 def test_delay_0_is_the_e2e_arm_bit_for_bit(corpus):
     """As for the seed GPT (tests/seams/test_chain.py), with a clip that binds. Planted fault this
-    catches: the clip's per-tensor norms all written at slot 0 (`update.norms_at`)."""
+    catches: the clip's per-tensor norms all written at slot 0 (`update.Slots.norms`)."""
     cfg = _cfg(**{"seams.delay": 0, "train.grad_clip": 0.5})
     e2e, dl = chain("e2e", cfg, corpus), chain("delayed", cfg, corpus)
     assert train(e2e, cfg, corpus, steps=4) == train(dl, cfg, corpus, steps=4)
