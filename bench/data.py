@@ -30,8 +30,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import os
-import platform
 import re
 import resource
 import shlex
@@ -216,13 +214,13 @@ def loader_passes(work: Path, args) -> list[dict]:
 
 def results(args, prep: dict, runs: dict, passes: list[dict]) -> dict:
     import torch
+    from seamkit.report import machine
     ratios = [t["tokens_per_s"] / m["tokens_per_s"] for m, t in zip(runs["memory"], runs["tokens"])]
     growth = [r["growth_MiB"] for r in runs["tokens"]]
     return {
         "command": shlex.join(["python", "bench/data.py", *sys.argv[1:]]),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "machine": {"platform": platform.platform(), "cores": os.cpu_count(), "processor": platform.processor(),
-                    "note": args.note},
+        "machine": {**machine(), "note": args.note},
         "torch_version": torch.__version__,
         "preset": "cpu (e2e arm, bytes tokenizer)", "budget_seconds": args.budget, "threads": args.threads,
         "corpus": {k: v for k, v in prep.items() if k not in ("shards", "sources")},

@@ -26,8 +26,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import os
-import platform
 import shlex
 import statistics
 import sys
@@ -38,7 +36,7 @@ import torch
 
 from seamkit import config as C
 from seamkit.config import ConfigError, Placement
-from seamkit.report import git_commit, write_json
+from seamkit.report import git_commit, machine, write_json
 from seamkit.seams.arm import ArmSpec
 from seamkit.seams.placement import Layout, layout
 from seamkit.seams.processes import run_arms
@@ -203,7 +201,7 @@ def main(argv=None) -> int:
         print(table(rows, S))
     result = {
         "command": "python " + " ".join(shlex.quote(a) for a in ["bench/dist.py", *(argv or sys.argv[1:])]),
-        "machine": {"platform": platform.platform(), "cores": os.cpu_count(), "note": args.note},
+        "machine": {**machine(), "note": args.note},
         "torch": torch.__version__, "git_commit": git_commit(),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "preset": args.preset, "batch": args.batch, "budget_seconds": args.budget, "threads_per_rank": args.threads,

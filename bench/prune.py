@@ -49,7 +49,6 @@ import argparse
 import datetime
 import json
 import os
-import platform
 import shlex
 import statistics
 import subprocess
@@ -77,7 +76,7 @@ from seamkit.pruning.timing import (  # noqa: E402
     profiled_peak_bytes,
     timed_sample,
 )
-from seamkit.report import atomic_write_text, git_commit  # noqa: E402
+from seamkit.report import atomic_write_text, git_commit, machine  # noqa: E402
 
 BIG = {"data.tokenizer": "qwen", "model.vocab": 151936, "model.n_blocks": 4}
 CASES = {
@@ -298,9 +297,7 @@ def main(argv=None) -> int:
         result = {"command": shlex.join(["python", "bench/prune.py", *argv]), "allocator": names[0],
                   "allocator_env": ALLOCATORS[names[0]], "targets_met": all(r["targets_met"] for r in rows),
                   "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                  "machine": {"platform": platform.platform(), "processor": platform.processor(),
-                              "cores": os.cpu_count(), "threads": torch.get_num_threads(), "device": str(device),
-                              "note": args.note},
+                  "machine": {**machine(), "device": str(device), "note": args.note},
                   "torch_version": torch.__version__, "git_commit": git_commit(), "seconds": round(time.time() - t0, 1),
                   "table": table(rows), "cases": rows}
         atomic_write_text(Path(args.out), json.dumps(result, indent=1) + "\n")

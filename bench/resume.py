@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import shutil
 import statistics
 import subprocess
@@ -29,6 +28,8 @@ import time
 from pathlib import Path
 
 import torch
+
+from seamkit.report import git_commit, machine
 
 ROOT = Path(__file__).resolve().parents[1]
 STEPS, STOP_AT = 40, 20
@@ -133,9 +134,8 @@ def main() -> None:
         "method": "each sample a new process, timed from the train_run/seams_study call to the first step's "
                   "progress event; fresh and resumed samples alternate; overhead = resumed - fresh, pairwise",
         "preset": args.preset, "overrides": overrides, "stopped_at_step": STOP_AT,
-        "machine": {"platform": platform.platform(), "cores": __import__("os").cpu_count(),
-                    "note": args.note},
-        "torch": torch.__version__, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "machine": {**machine(), "note": args.note},
+        "torch": torch.__version__, "git_commit": git_commit(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "results": results,
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

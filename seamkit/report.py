@@ -10,6 +10,8 @@ either. Provenance (config, versions, git commit, machine) rides along in every 
 from __future__ import annotations
 
 import contextlib
+import functools
+import hashlib
 import itertools
 import json
 import math
@@ -17,6 +19,7 @@ import os
 import platform
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 
 import torch
@@ -28,6 +31,7 @@ SCHEMA_VERSION = 1
 NUM = (int, float)
 OPT_NUM = (int, float, type(None))
 OPT_STR = (str, type(None))
+SIMD = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "amx_tile", "amx_bf16")  # named in machine()
 
 _ARM = {
     "arm": str, "steps": int, "tokens": int, "elapsed_s": NUM, "tokens_per_s": NUM,
@@ -271,9 +275,53 @@ def git_commit() -> str:
         return "unknown"
 
 
+def fingerprint(seconds: float = 0.3, n: int = 256) -> float:
+    """This host's speed: the best FLOP/s of an n x n float32 matmul on one thread over `seconds`.
+    Hosts that report the same CPU model run 2-3x apart; this tells them apart."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        a, b = torch.randn(n, n), torch.randn(n, n)
+        a @ b
+        best, end = 0.0, time.perf_counter() + seconds
+        while time.perf_counter() < end:
+            t = time.perf_counter()
+            for _ in range(4):
+                a @ b
+            best = max(best, 4 * 2 * n ** 3 / (time.perf_counter() - t))
+        return best
+    finally:
+        torch.set_num_threads(threads)
+
+
+@functools.cache
+def host_speed() -> float:
+    """`fingerprint`, measured once a process (a study calls it before it trains, so the
+    reading is of the idle host); rounded to three significant figures."""
+    return float(f"{fingerprint():.3g}")
+
+
+def cpu_info() -> tuple[str, list[str]]:
+    """The CPU's model name and its feature flags, from /proc/cpuinfo where there is one."""
+    model, flags = platform.processor() or platform.machine(), []
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name" and model in (platform.processor(), platform.machine()):
+                model = value.strip()
+            elif key.strip() == "flags" and not flags:
+                flags = sorted(value.split())
+    return model, flags
+
+
 def machine() -> dict:
+    """Where a result was measured: OS, CPU model, a digest of its feature flags (its SIMD ones
+    by name), cores, threads, OpenMP wait policy, the speed fingerprint (FLOP/s) and the GPU."""
+    model, flags = cpu_info()
     info = {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
-            "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(), "openmp_wait": openmp_wait()}
+            "cpu": model, "cpu_flags": hashlib.sha256(" ".join(flags).encode()).hexdigest()[:12] if flags else None,
+            "simd": [f for f in flags if f in SIMD], "cpu_count": os.cpu_count(),
+            "torch_threads": torch.get_num_threads(), "openmp_wait": openmp_wait(), "fingerprint": host_speed()}
     if torch.cuda.is_available():
         info["gpu"] = torch.cuda.get_device_name(0)
     return info

@@ -93,6 +93,25 @@ def test_provenance_fields():
     assert prov["run_config"]["model"]["dim"] == C.tiny().model.dim
 
 
+def test_a_report_names_its_host_by_model_flags_and_speed(monkeypatch):
+    """Hosts that print the same CPU model run 2-3x apart: the machine block carries the model read
+    from /proc/cpuinfo, a digest of its flags and a speed fingerprint measured once a process.
+    Planted faults this catches: the fingerprint measured at every report (a report written
+    under load reads another speed than the one before it), the flags left out."""
+    calls = []
+    R.host_speed.cache_clear()
+    monkeypatch.setattr(R, "fingerprint", lambda: calls.append(1) or 1.23456e10)
+    try:
+        first, second = R.machine(), R.provenance()["machine"]
+    finally:
+        R.host_speed.cache_clear()
+    assert first["fingerprint"] == second["fingerprint"] == 1.23e10 and len(calls) == 1
+    model, flags = R.cpu_info()
+    assert first["cpu"] == model and model
+    if flags:  # Linux: the flags' digest, and the SIMD ones by name
+        assert len(first["cpu_flags"]) == 12 and set(first["simd"]) <= set(flags)
+
+
 # ----------------------------------------------------------------------------- refused before a byte is written
 
 NON_FINITE = [math.nan, math.inf, -math.inf]

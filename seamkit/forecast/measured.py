@@ -30,7 +30,7 @@ from seamkit.seams import calibration
 from seamkit.seams.placement import threads_for
 from seamkit.seams.policy import ARMS
 
-HOST_KEYS = ("platform", "processor", "cpu_count")  # of report.machine(): what names the host a report ran on
+HOST_KEYS = ("platform", "processor", "cpu", "cpu_flags", "cpu_count")  # of report.machine(): what names its host
 NOTHING_HERE = "no speeds measured in this run"
 
 
@@ -161,6 +161,10 @@ def _check_host(doc: dict, host: dict | None) -> None:
         if k in theirs and k in ours and theirs[k] != ours[k]:
             raise ForecastError(f"seams report was made on another host ({k} {theirs[k]!r}, the costs' host has "
                                 f"{ours[k]!r}): a forecast is checked only against speeds of its costs' host")
+    a, b = theirs.get("fingerprint"), ours.get("fingerprint")
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)) and a > 0 and abs(b / a - 1) > calibration.FINGERPRINT_TOL:
+        raise ForecastError(f"seams report was made on another host (speed fingerprint {a:.3g}, the costs' host's "
+                            f"{b:.3g}, more than {calibration.FINGERPRINT_TOL:.0%} apart)")
 
 
 def _check_entry(cfg: RunConfig, entry: dict, where: str, here: list) -> None:

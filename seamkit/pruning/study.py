@@ -66,7 +66,7 @@ from seamkit.pruning.report import (
 )
 from seamkit.pruning.step import MODES, CheckError, Stepper, mode_loss
 from seamkit.pruning.timing import PRECISIONS, GiB, precision as timing_precision, profiled_peak_bytes, timed_sample
-from seamkit.report import write_report
+from seamkit.report import host_speed, write_report
 from seamkit.threads import resolve_threads
 
 __all__ = ["DTYPES", "Study", "load_windows", "pattern", "prune_check", "summary_table", "to_device"]
@@ -154,6 +154,7 @@ def prune_check(cfg: RunConfig, checkpoint_path, out_path, windows: list | None 
     if saved.model.dropout > 0:
         raise CheckError(f"checkpoint {checkpoint_path}: model.dropout={saved.model.dropout}; exact pruning "
                          f"needs dropout 0 (a dropout mask over fewer positions differs)")
+    host_speed()  # the report's speed fingerprint, read before the timed steps load the host
     threads = resolve_threads(cfg.train.threads)
     torch.set_num_threads(threads)
     run_cfg = dataclasses.replace(run_cfg, train=dataclasses.replace(run_cfg.train, threads=threads))

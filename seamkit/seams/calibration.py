@@ -24,7 +24,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import platform
 import statistics
 import sys
 import time
@@ -33,6 +32,7 @@ from pathlib import Path
 import torch
 
 from seamkit.config import ConfigError, Placement, RunConfig, override, parse_placement
+from seamkit.report import cpu_info, fingerprint
 from seamkit.seams.arm import ArmSpec
 from seamkit.seams.placement import candidates
 from seamkit.seams.processes import run_arms
@@ -49,36 +49,10 @@ SPEED_FIELDS = ("model", "data.batch", "train.dtype", "train.device", "train.com
                 "seams.weight_stashing", "seams.local_weight", "seams.arms", "seams.local_backward")
 
 
-def fingerprint(seconds: float = 0.3, n: int = 256) -> float:
-    """This host's speed: the best FLOP/s of an n x n float32 matmul on one thread over `seconds`."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        a, b = torch.randn(n, n), torch.randn(n, n)
-        a @ b
-        best, end = 0.0, time.perf_counter() + seconds
-        while time.perf_counter() < end:
-            t = time.perf_counter()
-            for _ in range(4):
-                a @ b
-            best = max(best, 4 * 2 * n ** 3 / (time.perf_counter() - t))
-        return best
-    finally:
-        torch.set_num_threads(threads)
-
-
 def machine_key() -> dict:
     """What a committed speed must have been measured on to stand for this host's (its
     fingerprint is compared apart, within FINGERPRINT_TOL)."""
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    key = {"cpu": cpu, "cores": usable_cores(), "torch": torch.__version__.split("+")[0], "openmp_wait": openmp_wait()}
+    key = {"cpu": cpu_info()[0], "cores": usable_cores(), "torch": torch.__version__.split("+")[0], "openmp_wait": openmp_wait()}
     if torch.cuda.is_available():
         key["gpu"] = torch.cuda.get_device_name(0)
     return key

@@ -44,7 +44,7 @@ from seamkit.interrupts import Interrupts, interrupts
 from seamkit.lock import held
 from seamkit.loop import ProgressBars, evaluate_model, fanout, held_out
 from seamkit.model import GPT, autocast, param_dtype, resolve_device
-from seamkit.report import write_report
+from seamkit.report import host_speed, write_report
 from seamkit.seams import placement as P
 from seamkit.seams import resume as R
 from seamkit.seams.arm import ArmSpec, checkpoint_path, run_arm
@@ -158,6 +158,7 @@ def _study(cfg: RunConfig, out_path: Path, callback, progress: bool, isolate: bo
                 if path.exists():
                     R.peek(path, override(cfg, {"train.seed": cfg.train.seed + k}), arm)
     devices, named = check(cfg)  # a placement that cannot run says why before anything starts
+    host_speed()  # the report's speed fingerprint, read before any training loads the host
     saved = R.saved_placement(out_path) if resume else None
     if cfg.train.threads == 0 and devices == 1 and resume:  # a resumed study keeps the thread count it started with
         started = R.started_threads([R.study_state_path(out_path)] + sorted(

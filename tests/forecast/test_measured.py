@@ -118,6 +118,12 @@ def test_a_report_at_a_device_count_the_forecast_lacks_or_of_another_host_is_ref
         check_validatable(preset("tiny"), doc, [1, 2], host={"platform": "Linux-x", "processor": "x86_64",
                                                             "cpu_count": 2})
     check_validatable(preset("tiny"), doc, [1, 2], host=dict(doc["machine"]))
+    # the same CPU model, cores and platform, 2.8x slower: another host (hosts here differ so)
+    same = {"platform": "Linux-x", "processor": "x86_64", "cpu": "AMD EPYC", "cpu_count": 2}
+    doc["machine"] = {**same, "fingerprint": 2.8e10}
+    with pytest.raises(ForecastError, match="another host .*speed fingerprint 2.8e\\+10"):
+        check_validatable(preset("tiny"), doc, [1, 2], host={**same, "fingerprint": 1e10})
+    check_validatable(preset("tiny"), doc, [1, 2], host={**same, "fingerprint": 2.6e10})  # within the tolerance
 
 
 @pytest.mark.parametrize("broken,says", [
