@@ -1,7 +1,7 @@
 # The two set-up commands of the README: `make reproduce` and `make test`.
-# Both create .venv when it is missing. torch is installed first so that pip does not
-# resolve the bare `torch>=2.6` requirement to a multi-GB CUDA build; GPU users set
-# TORCH_SPEC (e.g. TORCH_SPEC="torch --index-url https://download.pytorch.org/whl/cu124").
+# Both create .venv when it is missing. torch is installed first, at the version the kit is
+# tested with (pyproject.toml and environment.yml ask for the same), so that pip does not resolve
+# `torch>=2.13` to another build; TORCH_SPEC names another wheel index (e.g. a CUDA version's).
 PYTHON ?= python3
 VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0

@@ -113,3 +113,28 @@ def test_checkout_without_symlinks_reads_the_shipped_corpus(tmp_path):
     assert Path(package) == clone / "seamkit" / "__init__.py"
     assert Path(shipped) == (clone / "data" / "wordnet.jsonl.gz").resolve()
     assert first.startswith("entity: that which is perceived")
+
+
+def torch_versions(root: Path = ROOT) -> dict[str, str]:
+    """The torch version each install recipe asks for: the Makefile's pin, pyproject's lower
+    bound, environment.yml's conda pin."""
+    import re
+    found = {
+        "Makefile": re.search(r"^TORCH_SPEC \?= torch==([\d.]+)$", (root / "Makefile").read_text(), re.M),
+        "pyproject.toml": re.search(r'"torch>=([\d.]+)"', (root / "pyproject.toml").read_text()),
+        "environment.yml": re.search(r"^\s*- pytorch=([\d.]+)\s*$", (root / "environment.yml").read_text(), re.M),
+    }
+    return {name: m.group(1) if m else "none" for name, m in found.items()}
+
+
+def test_the_three_install_recipes_ask_for_one_torch(tmp_path):
+    """The Makefile, pyproject.toml and environment.yml name the same torch (major.minor), the one
+    this suite runs on. Planted fault this catches: environment.yml back at `pytorch>=2.4`."""
+    import torch
+    minor = lambda v: ".".join(v.split(".")[:2])  # noqa: E731
+    got = torch_versions()
+    assert {minor(v) for v in got.values()} == {minor(torch.__version__.split("+")[0])}, got
+    for name in ("Makefile", "pyproject.toml"):
+        shutil.copy2(ROOT / name, tmp_path / name)
+    (tmp_path / "environment.yml").write_text((ROOT / "environment.yml").read_text().replace("pytorch=2.13", "pytorch>=2.4"))
+    assert torch_versions(tmp_path)["environment.yml"] == "none"
