@@ -1,5 +1,6 @@
-# The two set-up commands of the README: `make reproduce` and `make test`.
-# Both create .venv when it is missing. torch is installed first, at the version the kit is
+# The two set-up commands of the README, `make reproduce` and `make test`, and `make findings`: every
+# headline figure rerun on this machine from a clean commit (bench/results/findings/, docs/findings.md).
+# Each creates .venv when it is missing. torch is installed first, at the version the kit is
 # tested with (pyproject.toml and environment.yml ask for the same), so that pip does not resolve
 # `torch>=2.13` to another build; TORCH_SPEC names another wheel index (e.g. a CUDA version's).
 PYTHON ?= python3
@@ -9,7 +10,7 @@ PRESET ?= cpu
 OUT ?= reports
 PY := $(VENV)/bin/python
 
-.PHONY: venv test reproduce clean
+.PHONY: venv test reproduce findings clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -25,6 +26,9 @@ test: venv
 
 reproduce: venv
 	$(VENV)/bin/seamkit reproduce --preset $(PRESET) --out $(OUT)
+
+findings: venv
+	$(VENV)/bin/seamkit findings --preset $(PRESET)
 
 clean:
 	rm -rf $(VENV) .cache reports runs

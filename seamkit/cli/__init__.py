@@ -1,5 +1,5 @@
-"""The `seamkit` command: info, train, seams, prune-check, reproduce, data prepare, data check,
-sweep, forecast, figures.
+"""The `seamkit` command: info, train, seams, prune-check, reproduce, findings, data prepare, data
+check, sweep, forecast, figures.
 
 Every subcommand builds a RunConfig from a preset plus overrides (the same `config.override`
 the notebooks and widgets use), then calls one library function. User errors (a bad config,
@@ -16,7 +16,7 @@ import sys
 
 from seamkit import config as C
 from seamkit.cli.common import OutputError, build_config, check_writable
-from seamkit.cli.studies import add_info, add_prune_check, add_reproduce, add_seams, add_train
+from seamkit.cli.studies import add_findings, add_info, add_prune_check, add_reproduce, add_seams, add_train
 from seamkit.cli.tools import add_data, add_figures, add_forecast, add_sweep
 
 __all__ = ["OutputError", "build_config", "check_writable", "main", "parser"]
@@ -25,8 +25,8 @@ __all__ = ["OutputError", "build_config", "check_writable", "main", "parser"]
 def parser() -> argparse.ArgumentParser:
     ap = C.OneLineParser(prog="seamkit", description=__doc__.splitlines()[0])  # errors in one line
     sub = ap.add_subparsers(dest="command", required=True)
-    for add in (add_info, add_train, add_seams, add_prune_check, add_reproduce, add_data, add_sweep, add_forecast,
-                add_figures):
+    for add in (add_info, add_train, add_seams, add_prune_check, add_reproduce, add_findings, add_data, add_sweep,
+                add_forecast, add_figures):
         add(sub)
     return ap
 

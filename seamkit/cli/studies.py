@@ -1,5 +1,5 @@
-"""The study commands: `info`, `train`, `seams`, `prune-check` and `reproduce`, each its flags
-beside the function that runs it."""
+"""The study commands: `info`, `train`, `seams`, `prune-check`, `reproduce` and `findings`, each its
+flags beside the function that runs it."""
 
 from __future__ import annotations
 
@@ -167,4 +167,35 @@ def cmd_reproduce(args) -> int:
         check_writable(args.out, directory=True)
         summary = reproduce(preset=args.preset, out_dir=Path(args.out), overrides=C.parse_overrides(args.overrides))
     print(summary)
+    return 0
+
+
+def add_findings(sub) -> None:
+    p = sub.add_parser("findings", help="rerun every headline figure here, from a clean commit: the JSON files and "
+                                        "the page with its tables and figures (resumable)")
+    p.add_argument("--preset", default="cpu", choices=sorted(C.PRESETS), help="config preset (default cpu; tiny: a "
+                   "dry run of seconds)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config field for every step (repeatable)")
+    p.add_argument("--scale", type=float, default=1.0, help="multiply every training budget by this (default 1)")
+    p.add_argument("--out", default="bench/results/findings", help="the results folder")
+    p.add_argument("--page", default="docs/findings.md", help="the page to write (its PNGs go to img/findings/ "
+                   "beside it)")
+    p.add_argument("--only", metavar="STEP", help="run this step alone, again even if done (the steps it reads "
+                   "must be done): seams_n1, seams_n2, forecast, own_head, qwen or pruning")
+    p.add_argument("--allow-dirty", dest="allow_dirty", action="store_true",
+                   help="run from a tree with uncommitted changes (development only; the page says so)")
+    p.set_defaults(fn=cmd_findings)
+
+
+def cmd_findings(args) -> int:
+    from seamkit.findings import run_findings
+    with made_dirs_go_on_error(args.out, Path(args.page).parent):
+        check_writable(args.out, directory=True)
+        check_writable(args.page)
+        summary = run_findings(preset=args.preset, out_dir=args.out, page_path=args.page,
+                               overrides=C.parse_overrides(args.overrides), scale=args.scale,
+                               allow_dirty=args.allow_dirty, only=args.only)
+    ran, skipped = ", ".join(summary["ran"]) or "nothing", ", ".join(summary["skipped"]) or "none"
+    print(f"findings: ran {ran}; done before: {skipped}; page {summary['page']}")
     return 0

@@ -1,0 +1,358 @@
+"""The findings page (docs/findings.md), rendered from the findings JSON files alone (`render`),
+and its figures (`draw_figures`): interactive HTML beside the files, PNGs beside the page where a
+browser can draw them.
+
+Every number on the page is read from `<out>/<step>.json` as `seamkit findings` wrote it. An
+interval is the 95% interval of the mean (Student t, `seamkit.stats.stats`) over paired seeds, or
+over windows for pruning. Figures quoted side by side that were measured on different hosts
+(another CPU model or flags, or speed fingerprints more than FINGERPRINT_TOL apart) are marked so.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from seamkit.report import ReportError, atomic_write_text, read_json
+from seamkit.seams.calibration import FINGERPRINT_TOL
+from seamkit.stats import stats
+
+# every step's section, in the plan's order
+STEPS = {"seams_n1": "The seams study on one device",
+         "seams_n2": "The seams study on two devices",
+         "forecast": "Forecast to 16 devices",
+         "own_head": "The own_head remedy on two devices",
+         "qwen": "Expensive heads: Qwen's vocabulary on two devices",
+         "pruning": "Exact pruning of a training step"}
+# the figures each step's section shows, by their names in ui.plots / forecast.figures
+FIGURES = {"seams_n1": ("loss_seconds", "time_to_target"), "seams_n2": ("loss_seconds", "placement"),
+           "forecast": ("tokens_per_s", "time_to_target"), "own_head": ("loss_seconds",),
+           "qwen": ("loss_seconds", "throughput"), "pruning": ("speed", "memory")}
+MANIFEST = "figures.json"  # in the out folder: which figures were drawn, and why no PNGs
+
+
+# ----------------------------------------------------------------------------- formatting
+
+def _ci(s: dict | None, spec: str, unit: str = "") -> str:
+    """'mean [lo, hi]', or the mean and n where there is no interval."""
+    if not s:
+        return "-"
+    if s.get("ci95"):
+        lo, hi = s["ci95"]
+        return f"{s['mean']:{spec}}{unit} [{lo:{spec}}, {hi:{spec}}]"
+    return f"{s['mean']:{spec}}{unit} (n={s['n']})"
+
+
+def _count(n: int, what: str) -> str:
+    return f"{n} {what}" + ("" if n == 1 else "s")
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + ["| " + " | ".join(r) + " |" for r in rows]
+
+
+def _load(out_dir: Path) -> dict:
+    """{step: its file's JSON, or None when it is missing or unreadable}."""
+    docs = {}
+    for name in STEPS:
+        try:
+            docs[name] = read_json(out_dir / f"{name}.json")
+        except ReportError:
+            docs[name] = None
+    return docs
+
+
+def _same_host(a: dict, b: dict) -> bool:
+    fa, fb = a.get("fingerprint"), b.get("fingerprint")
+    close = bool(fa and fb) and abs(fa / fb - 1) <= FINGERPRINT_TOL
+    return close and a.get("cpu") == b.get("cpu") and a.get("cpu_flags") == b.get("cpu_flags")
+
+
+def _machines(doc: dict) -> list[dict]:
+    """Every machine block a step's file names (pruning's two runs have one each)."""
+    found = [doc["machine"]] if isinstance(doc.get("machine"), dict) else []
+    return found + [d["machine"] for d in (doc.get("float32"), doc.get("float64")) if isinstance(d, dict)
+                    and isinstance(d.get("machine"), dict)]
+
+
+def _hosts_differ(docs: dict, names) -> bool:
+    ms = [m for n in names if docs.get(n) for m in _machines(docs[n])]
+    return any(not _same_host(ms[0], m) for m in ms[1:])
+
+
+# ----------------------------------------------------------------------------- the findings table
+
+def _paired(doc: dict, key: str):
+    return (doc.get("aggregate") or {}).get("paired", {}).get(key)
+
+
+def _gaps(doc: dict, what: str = "loss_gap", spec: str = "+.3f") -> str:
+    arms = list(doc["arms"])[1:]
+    return "; ".join(f"{a} {_ci(_paired(doc, f'{what}_{a}_minus_e2e'), spec)}" for a in arms)
+
+
+def _ratios(doc: dict, what: str) -> str:
+    return "; ".join(f"{a} {_ci(_paired(doc, f'{what}_{a}_over_e2e'), '.2f', 'x')}" for a in list(doc["arms"])[1:])
+
+
+def _seed_gaps(doc: dict) -> dict:
+    """{seed: local's final held-out loss minus e2e's} of the seeds where both completed."""
+    out = {}
+    for r in doc.get("repeats") or []:
+        e, lo = r["arms"].get("e2e", {}), r["arms"].get("local", {})
+        if e.get("final_loss") is not None and lo.get("final_loss") is not None:
+            out[r["seed"]] = lo["final_loss"] - e["final_loss"]
+    return out
+
+
+def gap_closed(own: dict, base: dict) -> dict | None:
+    """Share of `base`'s local gap that `own`'s local closes, seed by seed (1 - own gap / base
+    gap, both against e2e of the same seed; seeds where base's local was no worse are left out)."""
+    g_own, g_base = _seed_gaps(own), _seed_gaps(base)
+    return stats([1 - g_own[s] / g_base[s] for s in g_own if s in g_base and g_base[s] > 0])
+
+
+def _largest(check: dict) -> float:
+    """A pruning check's largest difference to the reference: loss, gradient, update or optimizer state."""
+    return max(abs(check[k]) for k in ("loss_delta", "gradient_max", "parameter_update_max", "optimizer_state_max"))
+
+
+def _prune_numbers(doc: dict, dtype: str) -> dict:
+    r = doc[dtype]
+    exact = [c for c in r["checks"] if c["mode"] == "prune_exact"]
+    return {"speedup": stats([w["speedup"] for w in r["windows"]]),
+            "memory": stats([w["memory_ratio"] for w in r["windows"]]),
+            "max_delta": max(_largest(c) for c in exact),
+            "declared": r["tolerances"].get("declared"), "within": r.get("within_tolerance")}
+
+
+def _rows(docs: dict) -> list[tuple[str, str, tuple]]:
+    """(question, answer, source steps) of every finding whose files are there."""
+    d, rows = docs, []
+    for n, devices in (("seams_n1", "one device"), ("seams_n2", "two devices")):
+        if d.get(n):
+            rows += [(f"On {devices}, at equal wall-clock, how much higher is the final held-out loss than e2e's?",
+                      _gaps(d[n]), (n,)),
+                     (f"On {devices}, how much longer than e2e to reach the loss every arm reaches?",
+                      _ratios(d[n], "time_to_target"), (n,))]
+    if d.get("seams_n2"):
+        rows.append(("On two devices, tokens/s over e2e's (each arm on its fastest placement: "
+                     + ", ".join(f"{a} {p}" for a, p in d["seams_n2"]["placement"]["chosen"].items()) + ")",
+                     _ratios(d["seams_n2"], "tokens_per_s"), ("seams_n2",)))
+    if d.get("forecast"):
+        v, tt = d["forecast"].get("validation") or {}, d["forecast"]["time_to_target"]
+        w = v.get("worst")
+        rows.append(("Does the forecast match the placement speeds measured here?",
+                     f"worst error {w['relative_error']:+.0%} ({w['arm']} {w['candidate']} at N={w['devices']}) over "
+                     f"{len(v['errors'])} candidates" if w else (v.get("note") or "not validated"),
+                     ("forecast", "seams_n2")))
+        top = str(max(d["forecast"]["devices"]))
+        rows.append(("From which N does local (or delayed) reach the target loss first?",
+                     f"{tt['break_even']}; at N={top}: " + ", ".join(
+                         f"{a} {_ci(tt['by_devices'][top][a]['seconds'], ',.0f')} s" for a in tt["arms"]),
+                     ("forecast",)))
+    if d.get("own_head"):
+        closed = gap_closed(d["own_head"], d["seams_n2"]) if d.get("seams_n2") else None
+        rows.append(("On two devices, how much of local's gap does own_head close?",
+                     f"{_ci(closed, '.0%')} of aux_head's gap; own_head's gap {_gaps(d['own_head'])}",
+                     ("own_head", "seams_n2")))
+    if d.get("qwen"):
+        share, n2 = d["qwen"]["lm_head_flops_share"]["qwen"], d.get("seams_n2")
+        rows.append((f"With Qwen's vocabulary (LM head {share:.0%} of a step's FLOPs), on two devices: loss gap and "
+                     "tokens/s over e2e" + (" (seams_n2's, at the preset's vocabulary, in brackets)" if n2 else ""),
+                     f"gap {_gaps(d['qwen'])}" + (f" ({_gaps(n2)})" if n2 else "") + f"; tokens/s "
+                     f"{_ratios(d['qwen'], 'tokens_per_s')}" + (f" ({_ratios(n2, 'tokens_per_s')})" if n2 else ""),
+                     ("qwen", "seams_n2") if n2 else ("qwen",)))
+    if d.get("pruning"):
+        p32, p64 = _prune_numbers(d["pruning"], "float32"), _prune_numbers(d["pruning"], "float64")
+        rows.append(("Exact pruning: speed-up and memory of a training step (float32)",
+                     f"{_ci(p32['speedup'], '.2f', 'x')} faster, memory {_ci(p32['memory'], '.2f', 'x')}",
+                     ("pruning",)))
+        bound = ("no bound declared" if p64["declared"] is None else
+                 f"bound {p64['declared']:g}: {'held' if p64['within'] else 'NOT held'}")
+        rows.append(("Is the pruned step exact?",
+                     f"float64: largest difference to the reference {p64['max_delta']:.1e} ({bound}); float32: "
+                     f"{p32['max_delta']:.1e}", ("pruning",)))
+    return rows
+
+
+def _link(name: str, out_dir: Path, page_dir: Path) -> str:
+    return f"[{name}.json]({os.path.relpath(out_dir / f'{name}.json', page_dir)})"
+
+
+# ----------------------------------------------------------------------------- the sections
+
+def _hosts_lines(docs: dict) -> list[str]:
+    have = {n: doc for n, doc in docs.items() if doc}
+    first = next(iter(have))
+    m, fs = have[first]["machine"], {n: doc["findings_step"] for n, doc in have.items()}
+    commits = sorted({f["commit"] for f in fs.values()})
+    lines = [f"- Host: {m.get('cpu')}, {m.get('cpu_count')} cores, speed fingerprint "
+             f"{m.get('fingerprint', 0) / 1e9:.1f} GFLOP/s (one thread, a 256x256 float32 matmul), torch "
+             f"{have[first].get('torch_version')}.",
+             f"- Commit: {', '.join(commits)}" + (" (a dirty tree, --allow-dirty: a development run, not a result)"
+                                                 if any(c.endswith("-dirty") for c in commits) else "") + ".",
+             f"- Date: {max(f['finished_utc'] for f in fs.values())[:10]} (UTC), preset {fs[first]['preset']} "
+             f"({fs[first]['scale']} scale)."]
+    other = [n for n in have if any(not _same_host(m, x) for x in _machines(have[n]))]
+    lines.append(f"- Measured on other hosts than {first}'s: {', '.join(other)} (see each section)." if other
+                 else "- Every step ran on this one host.")
+    rows = [[n, f["started_utc"].replace("T", " ")[:16], f"{f['wall_s'] / 60:.1f} min" + (" (resumed)" if f.get(
+        "resumed") else ""), f"{(_machines(have[n])[0].get('fingerprint') or 0) / 1e9:.1f}"] for n, f in fs.items()]
+    return lines + [""] + _table(["step", "started (UTC)", "wall time", "fingerprint GFLOP/s"], rows)
+
+
+def _seams_section(doc: dict) -> list[str]:
+    cfg, agg = doc["run_config"], doc["aggregate"]
+    lines = [f"{_count(cfg['seams']['devices'], 'device')}, objective {doc['objective']}, {doc['budget_seconds']:g} s "
+             f"an arm, {_count(agg['repeats_complete'], 'paired seed')} {doc['seeds']}, tokenizer "
+             f"{cfg['data']['tokenizer']} (vocab {doc['config']['vocab']:,}), order {doc['order']}.", ""]
+    rows = []
+    for a, arm in doc["arms"].items():
+        rows.append([a, arm.get("placement", "single"), _ci(agg[a]["tokens_per_s"], ",.0f"),
+                     _ci(agg[a]["final_loss"], ".3f"), "-" if a == "e2e" else
+                     _ci(_paired(doc, f"loss_gap_{a}_minus_e2e"), "+.3f"),
+                     "-" if a == "e2e" else _ci(_paired(doc, f"time_to_target_{a}_over_e2e"), ".2f", "x"),
+                     _ci(stats([v / 1e6 for v in (agg[a]["peak_memory_bytes"] or {}).get("values", [])]), ",.0f")])
+    return lines + _table(["arm", "placement", "tokens/s", "final held-out loss", "gap to e2e",
+                           "time to target / e2e", "peak memory MB"], rows)
+
+
+def _placement_lines(doc: dict) -> list[str]:
+    pl = doc.get("placement") or {}
+    if not pl.get("measured_here"):
+        return []
+    rows = [[a, n, f"{v:,.0f}" if v is not None else "-", "yes" if pl["chosen"].get(a) == n else ""]
+            for a, per in pl["measured_here"].items() for n, v in per.items()]
+    return ["", f"Placement candidates, measured in this run ({pl.get('calibration_s', 0):.0f} s of calibration, "
+                "outside the budgets):", ""] + _table(["arm", "candidate", "tokens/s", "chosen"], rows)
+
+
+def _forecast_section(doc: dict) -> list[str]:
+    by, tt = doc["by_devices"], doc["time_to_target"]
+    arms = tt["arms"]
+
+    def best(n, a) -> str:  # the arm's fastest candidate at N and its forecast tokens/s
+        name = by[str(n)][a]["best"]
+        return f"{name} {by[str(n)][a]['candidates'][name]['tokens_per_s']:,.0f}" if name else "-"
+    lines = [f"Link {doc['link']['name']}. {doc.get('assumed') or ''}", ""]
+    rows = [[str(n)] + [best(n, a) for a in arms] + [_ci(tt["by_devices"][str(n)][a]["seconds"], ",.0f") for a in arms]
+            for n in doc["devices"]]
+    lines += _table(["N"] + [f"{a}: fastest, tokens/s" for a in arms] + [f"{a}: s to target" for a in arms], rows)
+    lines += ["", f"Target held-out loss {tt['target']:.3f} ({tt.get('curve')} curves, seeds {tt.get('seeds')}); "
+                  f"break-even: {tt['break_even']}."]
+    v = doc.get("validation") or {}
+    if v.get("errors"):
+        lines += ["", "Checked against the candidates seams_n2 measured in its run:", ""]
+        lines += _table(["arm", "N", "candidate", "forecast tokens/s", "measured", "error"],
+                        [[e["arm"], str(e["devices"]), e["candidate"], f"{e['forecast']:,.0f}", f"{e['measured']:,.0f}",
+                          f"{e['relative_error']:+.1%}"] for e in v["errors"]])
+    elif v.get("note"):
+        lines += ["", v["note"]]
+    return lines
+
+
+def _pruning_section(doc: dict) -> list[str]:
+    rows = []
+    for dtype in ("float32", "float64"):
+        p, r = _prune_numbers(doc, dtype), doc[dtype]
+        base = max(_largest(c) for c in r["checks"] if c["mode"] == "base")
+        rows.append([dtype, _ci(p["speedup"], ".2f"), _ci(p["memory"], ".2f"), f"{p['max_delta']:.1e}", f"{base:.1e}",
+                     "-" if p["declared"] is None else f"{p['declared']:g}",
+                     "-" if p["within"] is None else str(p["within"]).lower(), str(r.get("bitwise")).lower()])
+    return [f"Checkpoint {doc['checkpoint']} (seams_n1's e2e, first seed); reference "
+            f"{doc['float32']['reference']}; {_count(len(doc['float32']['windows']), 'window')}. Differences are the "
+            f"largest of loss, gradient, update and optimizer state against the reference step.", ""] + _table(
+        ["dtype", "speed-up", "memory ratio", "prune_exact difference", "base difference", "declared bound",
+         "within bound", "bitwise"], rows)
+
+
+def _extra_lines(name: str, docs: dict) -> list[str]:
+    doc = docs[name]
+    if name == "seams_n2":
+        return _placement_lines(doc)
+    if name == "own_head" and docs.get("seams_n2"):
+        return ["", f"Share of local aux_head's gap (seams_n2, same seeds) that own_head closes: "
+                    f"{_ci(gap_closed(doc, docs['seams_n2']), '.0%')}."]
+    if name == "qwen":
+        s = doc["lm_head_flops_share"]
+        return ["", f"The LM head takes {s['qwen']:.1%} of a training step's FLOPs here, "
+                    f"{s['preset']:.1%} at the preset's own vocabulary ({s['method']})."]
+    return []
+
+
+SECTIONS = {"forecast": _forecast_section, "pruning": _pruning_section}  # the rest are seams reports
+
+
+# ----------------------------------------------------------------------------- figures and the page
+
+def draw_figures(out_dir, img_dir, pngs: bool = True) -> dict:
+    """Each section's figures as HTML in <out>/figures/ and, where a browser can draw them, PNG in
+    `img_dir`; the manifest (<out>/figures.json, paths relative to `out_dir`) says which, and why no PNGs."""
+    from seamkit.forecast.figures import forecast_figures
+    from seamkit.reproduce import write_figures, write_pngs
+    from seamkit.ui.plots import pruning_figures, seams_figures
+    out_dir, img_dir = Path(out_dir), Path(img_dir)
+    draw = {"forecast": forecast_figures, "pruning": lambda d: pruning_figures(d["float32"])}
+    figs = {}
+    for name, doc in _load(out_dir).items():
+        if doc:
+            made = draw.get(name, seams_figures)(doc)
+            figs.update({f"{name}_{f}": made[f] for f in FIGURES[name] if f in made})
+    html = write_figures(figs, out_dir / "figures") if figs else []
+    png, why = write_pngs(figs, img_dir) if pngs and figs else ([], None if figs else "no figures")
+    manifest = {"html": [os.path.relpath(p, out_dir) for p in html],
+                "png": [os.path.relpath(p, out_dir) for p in png],
+                "png_skipped": why if pngs else "not asked for (pngs=False)"}
+    atomic_write_text(out_dir / MANIFEST, json.dumps(manifest, indent=2) + "\n")
+    return manifest
+
+
+def _figure_lines(name: str, out_dir: Path, page_dir: Path, manifest: dict) -> list[str]:
+    lines = []
+    for f in FIGURES[name]:
+        stem = f"{name}_{f}"
+        png = [p for p in manifest.get("png", []) if Path(p).stem == stem]
+        html = [p for p in manifest.get("html", []) if Path(p).stem == stem]
+        if png:
+            lines.append(f"![{stem}]({os.path.relpath(out_dir / png[0], page_dir)})")
+        if html:
+            lines.append(f"[{stem} (interactive)]({os.path.relpath(out_dir / html[0], page_dir)})")
+    return [""] + lines if lines else []
+
+
+def render(out_dir, page_path=None) -> str:
+    """The page, in Markdown, from the JSON files in `out_dir` alone; links relative to `page_path`
+    (default: a page in `out_dir`)."""
+    out_dir = Path(out_dir)
+    page_dir = Path(page_path).parent if page_path is not None else out_dir
+    docs = _load(out_dir)
+    try:
+        manifest = read_json(out_dir / MANIFEST)
+    except ReportError:
+        manifest = {}
+    lines = ["# Findings", "",
+             "Every headline figure of the kit, rerun on one machine from one commit by `make findings` "
+             "(`seamkit findings`); written from the JSON files it left, which each row and section links. "
+             "Intervals are 95% intervals of the mean over paired seeds (pruning: over windows).", "",
+             "## What was found", ""]
+    rows = [[q + (" (measured on different hosts)" if _hosts_differ(docs, src) else ""), a,
+             ", ".join(_link(s, out_dir, page_dir) for s in src)] for q, a, src in _rows(docs)]
+    lines += _table(["question", "answer", "source"], rows) if rows else ["No step has finished yet."]
+    if any(docs.values()):
+        lines += ["", "## Where and when", ""] + _hosts_lines(docs)
+    if manifest.get("png_skipped") and manifest["png_skipped"] != "no figures":
+        lines += ["", f"PNG figures were not drawn: {manifest['png_skipped']}."]
+    for name, title in STEPS.items():
+        lines += ["", f"## {title} (`{name}`)", ""]
+        doc = docs[name]
+        if not doc:
+            lines.append(f"Not run yet: `seamkit findings --only {name}` runs it.")
+            continue
+        lines.append(f"Source: {_link(name, out_dir, page_dir)}.")
+        if _hosts_differ(docs, [next(n for n in STEPS if docs[n]), name]):
+            lines.append("Measured on another host than the first step (see Where and when).")
+        lines += [""] + SECTIONS.get(name, _seams_section)(doc) + _extra_lines(name, docs)
+        lines += _figure_lines(name, out_dir, page_dir, manifest)
+    return "\n".join(lines) + "\n"
