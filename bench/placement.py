@@ -119,7 +119,7 @@ def same_host(a: dict, b: dict) -> bool:
     """Two entries of one host and config: machine key, speed key, fingerprints within FINGERPRINT_TOL."""
     fa, fb = a.get("fingerprint"), b.get("fingerprint")
     return (a.get("machine") == b.get("machine") and a.get("speed_key") == b.get("speed_key")
-            and bool(fa) and bool(fb) and abs(fa / fb - 1) <= K.FINGERPRINT_TOL)
+            and K.same_speed(fa, fb))
 
 
 def write_entry(path: Path, entry: dict) -> None:

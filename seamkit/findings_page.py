@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 
 from seamkit.report import ReportError, atomic_write_text, read_json
-from seamkit.seams.calibration import FINGERPRINT_TOL
+from seamkit.seams.calibration import same_speed
 from seamkit.stats import stats
 
 # every step's section, in the plan's order
@@ -65,8 +65,7 @@ def _load(out_dir: Path) -> dict:
 
 def _same_host(a: dict, b: dict) -> bool:
     fa, fb = a.get("fingerprint"), b.get("fingerprint")
-    close = bool(fa and fb) and abs(fa / fb - 1) <= FINGERPRINT_TOL
-    return close and a.get("cpu") == b.get("cpu") and a.get("cpu_flags") == b.get("cpu_flags")
+    return same_speed(fa, fb) and a.get("cpu") == b.get("cpu") and a.get("cpu_flags") == b.get("cpu_flags")
 
 
 def _machines(doc: dict) -> list[dict]:

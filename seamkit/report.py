@@ -303,15 +303,15 @@ def host_speed() -> float:
 
 def cpu_info() -> tuple[str, list[str]]:
     """The CPU's model name and its feature flags, from /proc/cpuinfo where there is one."""
-    model, flags = platform.processor() or platform.machine(), []
+    model, flags = None, []
     with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            key, _, value = line.partition(":")
-            if key.strip() == "model name" and model in (platform.processor(), platform.machine()):
-                model = value.strip()
-            elif key.strip() == "flags" and not flags:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():  # every core repeats both: the first's
+            key, _, value = (part.strip() for part in line.partition(":"))
+            if key == "model name" and model is None:
+                model = value
+            elif key == "flags" and not flags:
                 flags = sorted(value.split())
-    return model, flags
+    return model or platform.processor() or platform.machine(), flags
 
 
 def machine() -> dict:

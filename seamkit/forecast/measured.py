@@ -162,7 +162,7 @@ def _check_host(doc: dict, host: dict | None) -> None:
             raise ForecastError(f"seams report was made on another host ({k} {theirs[k]!r}, the costs' host has "
                                 f"{ours[k]!r}): a forecast is checked only against speeds of its costs' host")
     a, b = theirs.get("fingerprint"), ours.get("fingerprint")
-    if isinstance(a, (int, float)) and isinstance(b, (int, float)) and a > 0 and abs(b / a - 1) > calibration.FINGERPRINT_TOL:
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not calibration.same_speed(b, a):
         raise ForecastError(f"seams report was made on another host (speed fingerprint {a:.3g}, the costs' host's "
                             f"{b:.3g}, more than {calibration.FINGERPRINT_TOL:.0%} apart)")
 
@@ -187,7 +187,7 @@ def _check_entry(cfg: RunConfig, entry: dict, where: str, here: list) -> None:
         here.append(calibration.fingerprint())
     printed = entry["fingerprint"]
     tol = calibration.FINGERPRINT_TOL
-    if not isinstance(printed, (int, float)) or printed <= 0 or abs(here[0] / printed - 1) > tol:
+    if not calibration.same_speed(here[0], printed):
         raise ForecastError(f"{where} was measured on another host (speed fingerprint {printed!r}, this host's "
                             f"{here[0]:.3g}, more than {tol:.0%} apart)")
 

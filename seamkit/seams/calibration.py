@@ -49,6 +49,13 @@ SPEED_FIELDS = ("model", "data.batch", "train.dtype", "train.device", "train.com
                 "seams.weight_stashing", "seams.local_weight", "seams.arms", "seams.local_backward")
 
 
+def same_speed(here, printed) -> bool:
+    """Whether two speed fingerprints are of one host: both positive numbers, `here` within
+    FINGERPRINT_TOL of `printed`."""
+    nums = all(isinstance(v, (int, float)) and v > 0 for v in (here, printed))
+    return nums and abs(here / printed - 1) <= FINGERPRINT_TOL
+
+
 def machine_key() -> dict:
     """What a committed speed must have been measured on to stand for this host's (its
     fingerprint is compared apart, within FINGERPRINT_TOL)."""
@@ -131,7 +138,7 @@ def committed(cfg: RunConfig, devices: int, path: Path | None = None, here: floa
         if entry.get("machine") != want or entry.get("speed_key") != key or not printed:
             continue
         here = fingerprint() if here is None else here
-        if abs(here / printed - 1) <= FINGERPRINT_TOL:
+        if same_speed(here, printed):
             return entry
     return None
 
