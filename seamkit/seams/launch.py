@@ -52,6 +52,7 @@ import torch.multiprocessing as tmp
 
 from seamkit.checkpoint import left_by_dead
 from seamkit.config import SeamkitError
+from seamkit.interrupts import SIGNALS
 from seamkit.report import writer
 
 TIMEOUT_S = 120.0  # the process group's timeout
@@ -131,8 +132,9 @@ def _entry(rank: int, fn: Callable, world: int, port: int | None, events, launch
         os.environ.clear()
         os.environ.update(env)
         tempfile.tempdir = None  # read again from TMPDIR
-    for sig in (signal.SIGINT, signal.SIGTERM):  # a signal to the whole group: rank 0 stops them all
+    for sig in SIGNALS:  # a signal to the whole group: rank 0 stops them all
         signal.signal(sig, on_sigint if rank == 0 else signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, SIGNALS)  # blocked in a forked rank (`_start_fork_server`)
     code = 0
     try:
         store = None
@@ -181,15 +183,6 @@ class Group:
 
     def failed(self) -> bool:
         return any(c not in (None, 0) for c in self.exitcodes())
-
-    def interrupt(self) -> None:
-        """Ctrl-C to rank 0 (it stops between steps; the others follow its word)."""
-        p = self.procs[0]
-        if p.is_alive():
-            try:
-                os.kill(p.pid, signal.SIGINT)
-            except ProcessLookupError:
-                pass
 
     def stop(self) -> None:
         """Every rank still running, killed: the ranks are past stopping on their own (they take
@@ -272,21 +265,26 @@ def remove_orphans(where: str | None = None) -> list[str]:
 
 
 def _start_fork_server() -> None:
-    """Start the fork server (once) with SIGINT and SIGTERM ignored: a signal to this process's
+    """Start the fork server (once) with SIGINT and SIGTERM blocked: a signal to this process's
     group, even while the server is still importing its preload, must leave it serving while the
-    ranks it forked stop between steps (they set their own handlers). It still ends with this
-    process, however that ends."""
-    from multiprocessing import forkserver
+    ranks it forked stop between steps (they set their own handlers, then unblock: `_entry`). A
+    blocked signal stays blocked across fork and exec, and the server never unblocks it. Here the
+    block is this thread's alone, and only while the server starts: a signal that comes meanwhile
+    stays pending, or another thread takes it, and this process's handler sees it either way (were
+    the signals ignored instead, as the server needs them, one arriving then would be lost). The
+    server still ends with this process, however that ends."""
+    from multiprocessing import forkserver, resource_tracker
     if threading.current_thread() is not threading.main_thread():
         forkserver.ensure_running()
         return
-    ignored = (signal.SIGINT, signal.SIGTERM)
-    previous = {s: signal.signal(s, signal.SIG_IGN) for s in ignored}  # an ignored signal stays so across exec
+    # the server starts multiprocessing's resource tracker first if it is not running, which blocks
+    # the same two signals around its own start and unblocks them after: started first, here
+    resource_tracker.ensure_running()
+    signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
     try:
         forkserver.ensure_running()
     finally:
-        for s, h in previous.items():
-            signal.signal(s, h)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, SIGNALS)
 
 
 def events_queue():

@@ -39,3 +39,11 @@ def arms_in_turn(rank: int, world: int, events, store, cases: list) -> list:
         stop = (lambda: next(words) >= stop_after) if stop_after is not None else (lambda: False)
         out.append(run_arm(spec, rank, world, stop=stop))
     return out
+
+
+def signal_state(rank: int, world: int, events, store) -> dict:
+    """How this rank stands to SIGINT and SIGTERM: which of them it blocks, and its SIGINT handler."""
+    import signal
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    return {"blocked": sorted(s.name for s in (signal.SIGINT, signal.SIGTERM) if s in blocked),
+            "sigint": getattr(signal.getsignal(signal.SIGINT), "__name__", str(signal.getsignal(signal.SIGINT)))}

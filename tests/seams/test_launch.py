@@ -171,3 +171,46 @@ def test_sigterm_stops_the_ranks(tmp_path):
         if p.poll() is None:
             p.kill()
         p.wait()
+
+
+# the group's Ctrl-C and SIGTERM land while the fork server starts (right after it is launched,
+# before it has imported anything); then one rank is started from it
+_SIGNAL_AT_SERVER_START = """
+import json, os, signal, time
+from multiprocessing import forkserver
+from seamkit.interrupts import interrupts
+from seamkit.seams import launch
+from tests.seams.rank_fns import signal_state
+
+launched = forkserver.ensure_running
+
+def ensure_running():
+    launched()
+    os.killpg(0, signal.SIGINT)
+    os.killpg(0, signal.SIGTERM)
+
+forkserver.ensure_running = ensure_running
+with interrupts() as it:
+    it.enter("calibration", urgent=False)
+    launch.context()
+    server = forkserver._forkserver._forkserver_pid
+    time.sleep(0.5)
+    seen = it.name
+    rank = launch.run_ranks(signal_state, 1)[0]
+print(json.dumps({"seen": seen, "rank": rank, "same_server": forkserver._forkserver._forkserver_pid == server}))
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the fork server is Linux's start method here")
+def test_a_signal_while_the_fork_server_starts_is_neither_lost_nor_fatal():
+    """A signal to the process group while the fork server is starting: the launcher's handler
+    still sees it (the calibration then stops), the server lives on and serves, and the rank it
+    forks takes signals with rank 0's handler. Planted faults this catches: the signals ignored
+    here while the server starts (the Ctrl-C is lost), neither ignored nor blocked, or unblocked
+    by the resource tracker's start (the server dies of SIGTERM and another is started), and a
+    rank that leaves them blocked (it never hears a Ctrl-C)."""
+    p = subprocess.run([sys.executable, "-c", _SIGNAL_AT_SERVER_START], cwd=ROOT, capture_output=True, text=True,
+                       timeout=120, start_new_session=True, preexec_fn=_default_signals)
+    assert p.returncode == 0, p.stderr[-2000:]
+    got = json.loads(p.stdout.strip().splitlines()[-1])
+    assert got == {"seen": "SIGINT", "rank": {"blocked": [], "sigint": "on_sigint"}, "same_server": True}
