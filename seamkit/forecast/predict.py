@@ -183,7 +183,9 @@ def time_to_target(report: dict, curves: dict, target: float | None) -> dict:
     forecast has that arm}: held-out loss against steps, which no placement changes (every
     placement trains the same maths). Each seed's steps to the target over the forecast step rate,
     summarised over seeds by `seamkit.stats.stats` (mean and t-based 95% interval). The break-even
-    N is the first where local's or delayed's mean beats the best e2e's (`break_even_arm` says which)."""
+    N is the first where local's or delayed's mean beats the best e2e's (`break_even_arm` says which).
+    `censored`: per arm, how many seeds' curves are at the target from their first point on (their
+    steps to it are at most that point's)."""
     if target is None or not (isinstance(target, (int, float)) and math.isfinite(target)):
         raise ForecastError(f"time to target needs a finite target loss, got {target!r}")
     arms = [a for a in report["by_devices"][str(report["devices"][0])] if a in ("e2e", "local") or curves.get(a)]
@@ -191,6 +193,8 @@ def time_to_target(report: dict, curves: dict, target: float | None) -> dict:
         if not curves.get(arm):
             raise ForecastError(f"time to target needs at least one {arm} curve of (step, loss) points")
     steps = {arm: [_steps_to_target(c, target) for c in curves[arm]] for arm in arms}
+    # seeds whose first held-out point is already at the target: their steps are at most that point's
+    censored = {arm: sum(1 for c in curves[arm] if c and min(c)[1] <= target) for arm in arms}
     by_n, even, even_arm = {}, None, None
     for n in report["devices"]:
         row = {}
@@ -210,7 +214,8 @@ def time_to_target(report: dict, curves: dict, target: float | None) -> dict:
         if first and even is None:
             even, even_arm = n, min(first, key=lambda a: row[a]["seconds"]["mean"])
         by_n[str(n)] = row
-    return {"target": target, "arms": arms, "steps_to_target": steps, "by_devices": by_n, "break_even_devices": even,
+    return {"target": target, "arms": arms, "steps_to_target": steps, "censored": censored, "by_devices": by_n,
+            "break_even_devices": even,
             "break_even_arm": even_arm,
             "break_even": f"N={even} ({even_arm})" if even else f"none up to N_max={max(report['devices'])}"}
 

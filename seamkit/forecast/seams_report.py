@@ -54,8 +54,10 @@ def curves_from_report(report: dict) -> dict:
     """Per-seed loss-vs-steps curves of the study's arms from a seams report, and the target they imply.
 
     {"curve": "held_out" | "training", "e2e": [[(step, loss), ...] per seed], "local": [...],
-    "delayed": [...] (where every kept seed ran it), "arms", "seeds", "target"}. Held-out: each
-    equal-token row's (step, loss), then (final step, final held-out loss). The target is the
+    "delayed": [...] (where every kept seed ran it), "arms", "seeds", "target"}. Held-out: every
+    (step, loss) the study evaluated (`time_to_target.curve`: the equal-token marks, the snapshots
+    either side of the crossing, the final point); a report without it, each equal-token row's
+    (step, loss), then (final step, final held-out loss). The target is the
     largest of the seeds' own targets (each the worst arm's final held-out loss), so every seed of
     every arm reaches it."""
     reps = [r for r in report.get("repeats") or [] if all(_complete(r, a) for a in BASE)]
@@ -71,7 +73,9 @@ def curves_from_report(report: dict) -> dict:
     for r in reps:
         for a in arms:
             arm = r["arms"][a]
-            if held:
+            if held and ((r.get("time_to_target") or {}).get("curve") or {}).get(a):
+                pts = r["time_to_target"]["curve"][a]  # every held-out point the study evaluated
+            elif held:  # a report from before the study kept its curves: the marks and the final point
                 pts = [(row["step"], row[a]["loss"]) for row in r["equal_tokens"]]
                 pts.append((arm["steps"], _final_held_out(r, a)))
             else:

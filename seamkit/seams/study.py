@@ -11,9 +11,11 @@ neighbour slows both alike. Then, off every clock, in this process:
 - equal tokens: both arms' held-out loss at `seams.token_marks` common token counts, the last
   the largest step both arms kept a snapshot of at or below what the slower arm reached
   (`snapshots.Snapshots` keeps a doubling grid of steps, so the last mark is within a grid step of it);
-- time to target: the training seconds each arm needs to reach the held-out loss both arms
-  reach (the worse of the two final losses), linearly interpolated between held-out points
-  (the equal-token marks and the final evaluation);
+- time to target: the training seconds each arm needs to reach the held-out loss every arm
+  reaches (the worst final loss), linearly interpolated between the two held-out points either
+  side of the crossing, found among the arm's snapshots by bisection (`first_at_or_below`); an
+  arm already there at its first snapshot is `censored` (its time is at most that), and its
+  ratio to e2e is left out;
 - costs (`seams.costs`): parameters and FLOPs per token counted on one real step per arm, and MFU
   against a matmul peak measured here.
 
@@ -70,9 +72,24 @@ def equal_token_marks(snapshots: dict, steps: dict, marks: int) -> list[int]:
     return sorted(picked)
 
 
+def first_at_or_below(steps: list[int], loss_at: Callable[[int], float], target: float) -> int:
+    """Index of the first of `steps` (ascending) whose held-out loss is at or below `target`,
+    len(steps) when none is, found by bisection as loss falls with training: the steps either side
+    of the crossing are evaluated, about log2(len) of them in all."""
+    lo, hi = 0, len(steps)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if loss_at(steps[mid]) <= target:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
 def held_out_views(cfg: RunConfig, corpus, results: dict) -> dict:
     """The equal-token table and time to target of one seed, from the arms' snapshots; every arm
-    but e2e is compared with e2e (`gap_<arm>_minus_e2e`, `<arm>_over_e2e`)."""
+    but e2e is compared with e2e (`gap_<arm>_minus_e2e`, `<arm>_over_e2e`). Each snapshot is
+    evaluated once, whichever view asks for it first."""
     arms = cfg.seams.arm_names
     if not all(a in results and results[a].status == "complete" and results[a].final_loss is not None
                for a in arms):  # a held-out loss that was not finite: nothing to compare against
@@ -81,27 +98,44 @@ def held_out_views(cfg: RunConfig, corpus, results: dict) -> dict:
     batches = held_out(corpus, cfg, device=device)
     per_step = cfg.data.batch * cfg.model.seq
     snaps = {a: {s["step"]: s for s in results[a].snapshots or []} for a in arms}
-    marks = equal_token_marks({a: list(snaps[a].values()) for a in arms},
-                              {a: results[a].steps for a in arms}, cfg.seams.token_marks)
     model = GPT(cfg.model).to(device=device, dtype=param_dtype(cfg.train.dtype))
-    rows, points = [], {a: [(results[a].elapsed_s, results[a].final_loss)] for a in arms}
-    for step in marks:
-        row = {"step": step, "tokens": step * per_step}
-        for a in arms:
+    seen = {a: {} for a in arms}  # step -> (elapsed_s, loss, stderr)
+
+    def evaluated(a: str, step: int) -> tuple:
+        if step not in seen[a]:
             s = snaps[a][step]
             model.load_state_dict(torch.load(s["path"], map_location=device, weights_only=True))
-            loss, err = evaluate_model(model, batches, lambda: autocast(device, cfg.train.dtype))
-            row[a] = {"loss": loss, "stderr": err, "elapsed_s": s["elapsed_s"]}
-            points[a].append((s["elapsed_s"], loss))
+            seen[a][step] = (s["elapsed_s"], *evaluate_model(model, batches, lambda: autocast(device, cfg.train.dtype)))
+        return seen[a][step]
+
+    rows = []
+    for step in equal_token_marks({a: list(snaps[a].values()) for a in arms}, {a: results[a].steps for a in arms},
+                                  cfg.seams.token_marks):
+        row = {"step": step, "tokens": step * per_step}
+        for a in arms:
+            elapsed, loss, err = evaluated(a, step)
+            row[a] = {"loss": loss, "stderr": err, "elapsed_s": elapsed}
         for a in arms[1:]:
             row[f"gap_{a}_minus_e2e"] = row[a]["loss"] - row["e2e"]["loss"]
         rows.append(row)
-    target = max(results[a].final_loss for a in arms)  # the loss every arm reaches
+    # time to target: each arm's snapshots searched for where it crosses the loss every arm reaches
+    target = max(results[a].final_loss for a in arms)
+    censored = []
+    for a in arms:
+        steps = sorted(s for s in snaps[a] if s < results[a].steps)
+        if steps and first_at_or_below(steps, lambda s, a=a: evaluated(a, s)[1], target) == 0:
+            censored.append(a)  # at the target by its first snapshot: the time is at most that
+    curve = {a: sorted([(s, v[1]) for s, v in seen[a].items()] + [(results[a].steps, results[a].final_loss)])
+             for a in arms}
+    points = {a: sorted([v[:2] for v in seen[a].values()] + [(results[a].elapsed_s, results[a].final_loss)])
+              for a in arms}
     reach = {a: held_out_time_to_target(p, target) for a, p in points.items()}
-    ttt = {"target_loss": target, "seconds": reach,
-           **{f"{a}_over_e2e": reach[a] / reach["e2e"] if reach["e2e"] and reach[a] is not None else None
+    known = {a: reach[a] is not None and a not in censored for a in arms}
+    ttt = {"target_loss": target, "seconds": reach, "censored": censored,
+           **{f"{a}_over_e2e": reach[a] / reach["e2e"] if known[a] and known["e2e"] and reach["e2e"] else None
               for a in arms[1:]},
-           "points": {a: [list(q) for q in sorted(p)] for a, p in points.items()}}
+           "points": {a: [list(q) for q in p] for a, p in points.items()},
+           "curve": {a: [list(q) for q in c] for a, c in curve.items()}}
     return {"equal_tokens": rows, "slower_arm_tokens": min(results[a].steps for a in arms) * per_step,
             "time_to_target": ttt}
 

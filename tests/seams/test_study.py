@@ -100,6 +100,74 @@ def test_equal_token_marks():
     assert S.equal_token_marks(snaps, {"e2e": 22, "local": 17}, 2) == [8, 16]
 
 
+def test_first_at_or_below_bisects_to_the_crossing():
+    """The first step at or below the target, in about log2(n) evaluations. Planted fault this
+    catches: a search that returns the step before the crossing (`lo` one short)."""
+    steps = list(range(10, 250, 10))
+    asked = []
+
+    def loss_at(s):
+        asked.append(s)
+        return 6.0 - s / 40
+    for target, first in ((5.0, 40), (1.0, 200), (5.9, 10), (0.0, 240), (-0.5, None)):
+        asked.clear()
+        i = S.first_at_or_below(steps, loss_at, target)
+        assert (steps[i] if i < len(steps) else None) == first
+        assert len(asked) <= math.ceil(math.log2(len(steps))) + 1
+
+
+def _views(monkeypatch, losses: dict, final: dict):
+    """`held_out_views` over fake arms: snapshots every 10 steps to 240 (0.1 s a step), each
+    snapshot's held-out loss from `losses[arm](step)`, the arm's final loss from `final`; returns
+    the views and which snapshots were evaluated."""
+    from types import SimpleNamespace
+
+    class Model:
+        def to(self, **kw):
+            return self
+
+        def load_state_dict(self, path):
+            self.path = path
+    evaluated = []
+
+    def evaluate(model, batches, ctx):
+        arm, step = model.path.split(":")
+        evaluated.append((arm, int(step)))
+        return losses[arm](int(step)), 0.01
+    monkeypatch.setattr(S, "GPT", lambda cfg: Model())
+    monkeypatch.setattr(S, "held_out", lambda corpus, cfg, device: [])
+    monkeypatch.setattr(S, "evaluate_model", evaluate)
+    monkeypatch.setattr(S.torch, "load", lambda path, **kw: path)
+    results = {a: SimpleNamespace(status="complete", final_loss=final[a], steps=250, elapsed_s=25.0,
+                                  snapshots=[{"step": s, "elapsed_s": s / 10, "path": f"{a}:{s}"} for s in
+                                             range(10, 250, 10)]) for a in ARMS}
+    cfg = C.override(C.preset("tiny"), {"seams.arms": ",".join(ARMS)})
+    return S.held_out_views(cfg, None, results), evaluated
+
+
+def test_time_to_target_is_read_at_the_crossing_not_at_the_first_mark(monkeypatch):
+    """e2e and local reach delayed's final loss (the target) long before the first equal-token
+    mark: their times come from the snapshots either side of the crossing, found with a few
+    evaluations, not from the first mark; an arm at the target by its first snapshot is censored
+    and has no ratio. Planted fault this catches: the time read from the marks alone (e2e's
+    time would be the first mark's, 8 s, not 5 s)."""
+    losses = {"e2e": lambda s: 6.0 - s / 20, "local": lambda s: 6.0 - s / 25, "delayed": lambda s: 6.0 - s / 100}
+    views, evaluated = _views(monkeypatch, losses, {"e2e": 1.0, "local": 1.5, "delayed": 3.5})
+    ttt = views["time_to_target"]
+    assert [r["step"] for r in views["equal_tokens"]] == [80, 160, 240]
+    assert ttt["target_loss"] == 3.5 and ttt["censored"] == []
+    assert ttt["seconds"]["e2e"] == pytest.approx(5.0) and ttt["seconds"]["local"] == pytest.approx(6.25)
+    assert ttt["local_over_e2e"] == pytest.approx(1.25)
+    assert ttt["curve"]["e2e"][-1] == [250, 1.0] and [50, 3.5] in ttt["curve"]["e2e"]
+    assert len(evaluated) == len(set(evaluated)) <= 3 * 3 + 3 * 6  # the marks, then a bisection an arm
+
+    early = {**losses, "e2e": lambda s: 3.0 - s / 1000}  # at the target from its first snapshot on
+    views, _ = _views(monkeypatch, early, {"e2e": 2.5, "local": 1.5, "delayed": 3.5})
+    ttt = views["time_to_target"]
+    assert ttt["censored"] == ["e2e"] and ttt["local_over_e2e"] is None and ttt["delayed_over_e2e"] is None
+    assert ttt["seconds"]["e2e"] == pytest.approx(1.0)  # at most its first snapshot's
+
+
 # ----------------------------------------------------------------------------- Ctrl-C
 
 def test_interrupt_in_process_writes_an_interrupted_report(tmp_path):
