@@ -32,6 +32,7 @@ from pathlib import Path
 from seamkit import config as C
 from seamkit.report import provenance, write_json
 from seamkit.seams.study import seams_study
+from seamkit.stats import interval
 
 ARMS = {"seams.arms": "e2e,local,delayed", "seams.weight_stashing": True}
 STUDIES = {
@@ -67,13 +68,6 @@ def rows(report: dict, study: str, optimizer: str) -> list[dict]:
     return out
 
 
-def fmt(s: dict | None, sign: str = "+") -> str:
-    if not s or s.get("mean") is None:
-        return "n/a"
-    lo, hi = s.get("ci95") or (None, None)
-    return f"{s['mean']:{sign}.3f} [{lo:{sign}.3f}, {hi:{sign}.3f}]" if lo is not None else f"{s['mean']:{sign}.3f}"
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--preset", default="cpu", choices=sorted(C.PRESETS))
@@ -105,8 +99,10 @@ def main(argv=None) -> int:
             doc["rows"] += new
             write_json(args.out, doc)
             for r in new:
-                print(f"  {r['configuration']:34s} [{r['placement']}] gap {fmt(r['loss_gap'])}, equal tokens "
-                      f"{fmt(r['equal_tokens_gap'])}, time to target x{fmt(r['time_to_target_ratio'], '')}",
+                gap, equal = (interval(r[k], "+.3f", missing="n/a") for k in ("loss_gap", "equal_tokens_gap"))
+                ratio = interval(r["time_to_target_ratio"], ".3f", missing="n/a")
+                print(f"  {r['configuration']:34s} [{r['placement']}] gap {gap}, equal tokens {equal}, "
+                      f"time to target x{ratio}",
                       file=sys.stderr, flush=True)
     print(f"wrote {args.out}")
     return 0

@@ -42,7 +42,7 @@ from seamkit import accel  # noqa: E402
 from seamkit import config as C  # noqa: E402
 from seamkit import losses  # noqa: E402
 from seamkit.data.load import load_corpus  # noqa: E402
-from seamkit.flops import matmul_peak, measured_flops, mfu  # noqa: E402
+from seamkit.flops import matmul_peak, measured_flops, mfu, spec_peak  # noqa: E402
 from seamkit.model import GPT, autocast, lm_loss  # noqa: E402
 from seamkit.report import atomic_write_text, provenance  # noqa: E402
 from seamkit.seams.arm import ArmSpec, run_arm  # noqa: E402
@@ -149,8 +149,11 @@ def _step_kernels(cfg, arm: str, corpus, device) -> int:
     return kernels(lambda: ch.step(x, y, cfg.train.lr), device)
 
 
-def _with_mfu(row: dict, flops_per_token: float, peak: float) -> dict:
-    return {**row, "flops_per_token": flops_per_token, "mfu": mfu(flops_per_token, row["tokens_per_s"], peak)}
+def _with_mfu(row: dict, flops_per_token: float, peak: float, device) -> dict:
+    """MFU against the peak measured here and, for a GPU with a known data sheet, against its rate."""
+    sheet = spec_peak(torch.cuda.get_device_name(device)) if device.type == "cuda" else None
+    return {**row, "flops_per_token": flops_per_token, "mfu": mfu(flops_per_token, row["tokens_per_s"], peak),
+            "mfu_data_sheet": mfu(flops_per_token, row["tokens_per_s"], sheet) if sheet else None}
 
 
 def e2e(cfg, device, args) -> dict:
@@ -167,7 +170,7 @@ def e2e(cfg, device, args) -> dict:
         c = C.override(cfg, {"train.compile": compile_})
         row = _arm(c, "e2e", corpus, args.steps, device)
         row["kernels_per_step"] = _step_kernels(c, "e2e", corpus, device)
-        out["variants"][name] = _with_mfu(row, fpt, peak)
+        out["variants"][name] = _with_mfu(row, fpt, peak, device)
         write(args, out)
     out["loss"] = _loss_paths(cfg, device)
     return out
@@ -206,7 +209,7 @@ def local(cfg, device, args) -> dict:
         finally:
             losses.CUDA_ALIGN = 64
         out["variants"][name] = {"classes": min(k, cfg.model.vocab) + 1, "align": align, "local_backward": backward,
-                                 **_with_mfu(row, fpt, peak)}
+                                 **_with_mfu(row, fpt, peak, device)}
         write(args, out)
     return out
 

@@ -20,7 +20,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from seamkit.report import write_json
-from seamkit.stats import stats
+from seamkit.stats import interval, stats
 
 
 def gather(sweep_dir: Path) -> list[dict]:
@@ -48,14 +48,6 @@ def gather(sweep_dir: Path) -> list[dict]:
     return rows
 
 
-def _ci(s, digits: int) -> str:
-    """The mean with its 95% interval (one seed: the mean alone)."""
-    if not s:
-        return "-"
-    ci = f" [{s['ci95'][0]:.{digits}f}, {s['ci95'][1]:.{digits}f}]" if s["ci95"] else ""
-    return f"{s['mean']:.{digits}f}{ci}"
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("sweep_dir", type=Path)
@@ -64,9 +56,12 @@ def main(argv=None) -> int:
     rows = gather(args.sweep_dir)
     for r in rows:
         places = sorted({f"{s['placement']['e2e']}/{s['placement']['local']}" for s in r["seeds"]})
-        print(f"{r['grid']}: e2e/local on {', '.join(places)}; seconds to target e2e {_ci(r['e2e_seconds'], 1)}, "
-              f"local {_ci(r['local_seconds'], 1)}, local/e2e {_ci(r['local_over_e2e_seconds'], 2)}; tokens/s "
-              f"local/e2e {_ci(r['local_over_e2e_tokens_per_s'], 2)}; gap {_ci(r['loss_gap_local_minus_e2e'], 3)}")
+        digits = {"e2e_seconds": ".1f", "local_seconds": ".1f", "local_over_e2e_seconds": ".2f",
+                  "local_over_e2e_tokens_per_s": ".2f", "loss_gap_local_minus_e2e": ".3f"}
+        ci = {k: interval(r[k], spec) for k, spec in digits.items()}
+        print(f"{r['grid']}: e2e/local on {', '.join(places)}; seconds to target e2e {ci['e2e_seconds']}, "
+              f"local {ci['local_seconds']}, local/e2e {ci['local_over_e2e_seconds']}; tokens/s "
+              f"local/e2e {ci['local_over_e2e_tokens_per_s']}; gap {ci['loss_gap_local_minus_e2e']}")
     if args.out:
         write_json(args.out, {"command": "python bench/sweep_time_to_target.py " + shlex.join(sys.argv[1:]),
                               "sweep": str(args.sweep_dir), "points": rows})

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from seamkit.report import ReportError, atomic_write_text, read_json
 from seamkit.seams.calibration import same_speed
-from seamkit.stats import stats
+from seamkit.stats import interval, stats
 
 # every step's section, in the plan's order
 STEPS = {"seams_n1": "The seams study on one device",
@@ -33,16 +33,6 @@ MANIFEST = "figures.json"  # in the out folder: which figures were drawn, and wh
 
 
 # ----------------------------------------------------------------------------- formatting
-
-def _ci(s: dict | None, spec: str, unit: str = "") -> str:
-    """'mean [lo, hi]', or the mean and n where there is no interval."""
-    if not s:
-        return "-"
-    if s.get("ci95"):
-        lo, hi = s["ci95"]
-        return f"{s['mean']:{spec}}{unit} [{lo:{spec}}, {hi:{spec}}]"
-    return f"{s['mean']:{spec}}{unit} (n={s['n']})"
-
 
 def _count(n: int, what: str) -> str:
     return f"{n} {what}" + ("" if n == 1 else "s")
@@ -88,11 +78,11 @@ def _paired(doc: dict, key: str):
 
 def _gaps(doc: dict, what: str = "loss_gap", spec: str = "+.3f") -> str:
     arms = list(doc["arms"])[1:]
-    return "; ".join(f"{a} {_ci(_paired(doc, f'{what}_{a}_minus_e2e'), spec)}" for a in arms)
+    return "; ".join(f"{a} {interval(_paired(doc, f'{what}_{a}_minus_e2e'), spec)}" for a in arms)
 
 
 def _ratios(doc: dict, what: str) -> str:
-    return "; ".join(f"{a} {_ci(_paired(doc, f'{what}_{a}_over_e2e'), '.2f', 'x')}" for a in list(doc["arms"])[1:])
+    return "; ".join(f"{a} {interval(_paired(doc, f'{what}_{a}_over_e2e'), '.2f', 'x')}" for a in list(doc["arms"])[1:])
 
 
 def _seed_gaps(doc: dict) -> dict:
@@ -149,12 +139,12 @@ def _rows(docs: dict) -> list[tuple[str, str, tuple]]:
         top = str(max(d["forecast"]["devices"]))
         rows.append(("From which N does local (or delayed) reach the target loss first?",
                      f"{tt['break_even']}; at N={top}: " + ", ".join(
-                         f"{a} {_ci(tt['by_devices'][top][a]['seconds'], ',.0f')} s" for a in tt["arms"]),
+                         f"{a} {interval(tt['by_devices'][top][a]['seconds'], ',.0f')} s" for a in tt["arms"]),
                      ("forecast",)))
     if d.get("own_head"):
         closed = gap_closed(d["own_head"], d["seams_n2"]) if d.get("seams_n2") else None
         rows.append(("On two devices, how much of local's gap does own_head close?",
-                     f"{_ci(closed, '.0%')} of aux_head's gap; own_head's gap {_gaps(d['own_head'])}",
+                     f"{interval(closed, '.0%')} of aux_head's gap; own_head's gap {_gaps(d['own_head'])}",
                      ("own_head", "seams_n2")))
     if d.get("qwen"):
         share, n2 = d["qwen"]["lm_head_flops_share"]["qwen"], d.get("seams_n2")
@@ -166,7 +156,7 @@ def _rows(docs: dict) -> list[tuple[str, str, tuple]]:
     if d.get("pruning"):
         p32, p64 = _prune_numbers(d["pruning"], "float32"), _prune_numbers(d["pruning"], "float64")
         rows.append(("Exact pruning: speed-up and memory of a training step (float32)",
-                     f"{_ci(p32['speedup'], '.2f', 'x')} faster, memory {_ci(p32['memory'], '.2f', 'x')}",
+                     f"{interval(p32['speedup'], '.2f', 'x')} faster, memory {interval(p32['memory'], '.2f', 'x')}",
                      ("pruning",)))
         bound = ("no bound declared" if p64["declared"] is None else
                  f"bound {p64['declared']:g}: {'held' if p64['within'] else 'NOT held'}")
@@ -209,11 +199,11 @@ def _seams_section(doc: dict) -> list[str]:
              f"{cfg['data']['tokenizer']} (vocab {doc['config']['vocab']:,}), order {doc['order']}.", ""]
     rows = []
     for a, arm in doc["arms"].items():
-        rows.append([a, arm.get("placement", "single"), _ci(agg[a]["tokens_per_s"], ",.0f"),
-                     _ci(agg[a]["final_loss"], ".3f"), "-" if a == "e2e" else
-                     _ci(_paired(doc, f"loss_gap_{a}_minus_e2e"), "+.3f"),
-                     "-" if a == "e2e" else _ci(_paired(doc, f"time_to_target_{a}_over_e2e"), ".2f", "x"),
-                     _ci(stats([v / 1e6 for v in (agg[a]["peak_memory_bytes"] or {}).get("values", [])]), ",.0f")])
+        rows.append([a, arm.get("placement", "single"), interval(agg[a]["tokens_per_s"], ",.0f"),
+                     interval(agg[a]["final_loss"], ".3f"), "-" if a == "e2e" else
+                     interval(_paired(doc, f"loss_gap_{a}_minus_e2e"), "+.3f"),
+                     "-" if a == "e2e" else interval(_paired(doc, f"time_to_target_{a}_over_e2e"), ".2f", "x"),
+                     interval(stats([v / 1e6 for v in (agg[a]["peak_memory_bytes"] or {}).get("values", [])]), ",.0f")])
     return lines + _table(["arm", "placement", "tokens/s", "final held-out loss", "gap to e2e",
                            "time to target / e2e", "peak memory MB"], rows)
 
@@ -236,8 +226,8 @@ def _forecast_section(doc: dict) -> list[str]:
         name = by[str(n)][a]["best"]
         return f"{name} {by[str(n)][a]['candidates'][name]['tokens_per_s']:,.0f}" if name else "-"
     lines = [f"Link {doc['link']['name']}. {doc.get('assumed') or ''}", ""]
-    rows = [[str(n)] + [best(n, a) for a in arms] + [_ci(tt["by_devices"][str(n)][a]["seconds"], ",.0f") for a in arms]
-            for n in doc["devices"]]
+    rows = [[str(n)] + [best(n, a) for a in arms]
+            + [interval(tt["by_devices"][str(n)][a]["seconds"], ",.0f") for a in arms] for n in doc["devices"]]
     lines += _table(["N"] + [f"{a}: fastest, tokens/s" for a in arms] + [f"{a}: s to target" for a in arms], rows)
     lines += ["", f"Target held-out loss {tt['target']:.3f} ({tt.get('curve')} curves, seeds {tt.get('seeds')}); "
                   f"break-even: {tt['break_even']}."]
@@ -257,7 +247,8 @@ def _pruning_section(doc: dict) -> list[str]:
     for dtype in ("float32", "float64"):
         p, r = _prune_numbers(doc, dtype), doc[dtype]
         base = max(_largest(c) for c in r["checks"] if c["mode"] == "base")
-        rows.append([dtype, _ci(p["speedup"], ".2f"), _ci(p["memory"], ".2f"), f"{p['max_delta']:.1e}", f"{base:.1e}",
+        rows.append([dtype, interval(p["speedup"], ".2f"), interval(p["memory"], ".2f"), f"{p['max_delta']:.1e}",
+                     f"{base:.1e}",
                      "-" if p["declared"] is None else f"{p['declared']:g}",
                      "-" if p["within"] is None else str(p["within"]).lower(), str(r.get("bitwise")).lower()])
     return [f"Checkpoint {doc['checkpoint']} (seams_n1's e2e, first seed); reference "
@@ -273,7 +264,7 @@ def _extra_lines(name: str, docs: dict) -> list[str]:
         return _placement_lines(doc)
     if name == "own_head" and docs.get("seams_n2"):
         return ["", f"Share of local aux_head's gap (seams_n2, same seeds) that own_head closes: "
-                    f"{_ci(gap_closed(doc, docs['seams_n2']), '.0%')}."]
+                    f"{interval(gap_closed(doc, docs['seams_n2']), '.0%')}."]
     if name == "qwen":
         s = doc["lm_head_flops_share"]
         return ["", f"The LM head takes {s['qwen']:.1%} of a training step's FLOPs here, "

@@ -69,6 +69,17 @@ def stats(values: list) -> dict | None:
     return {"n": n, "mean": mean, "std": std, "ci95": [mean - half, mean + half], "values": xs}
 
 
+def interval(s: dict | None, spec: str, unit: str = "", missing: str = "-") -> str:
+    """A `stats` summary as text: 'mean [lo, hi]' (its 95% interval), or the mean and n where it
+    has no interval; `spec` formats each number, `unit` follows the mean."""
+    if not s or s.get("mean") is None:
+        return missing
+    if s.get("ci95"):
+        lo, hi = s["ci95"]
+        return f"{s['mean']:{spec}}{unit} [{lo:{spec}}, {hi:{spec}}]"
+    return f"{s['mean']:{spec}}{unit} (n={s['n']})"
+
+
 # ----------------------------------------------------------------------------- time to a target loss
 
 def held_out_time_to_target(points: list, target: float) -> float | None:

@@ -25,8 +25,6 @@ COSTS_VERSION = 7  # 2: I and W timed through torch's own split; the runtime blo
 # zero_grad. 4: runtime.pipe_factor. 5: runtime.dp_sync_s. 6: runtime.candidate_factors and wake_s. 7: a pipe's
 # candidate factor timed inside its own torch schedule
 PARTS = ("forward_s", "backward_s", "backward_input_s", "backward_weight_s")
-LOCAL_PARTS = ("aux_s", "local_backward_s")
-DELAYED_PARTS = ("kept_forward_s", "kept_backward_s")  # the delayed arm's late segments, with weight stashing
 RUNTIME_PARTS = ("action_s", "p2p_op_s")  # runtime.py: seconds a compute action, a P2P op
 NOT_MEASURED = {"action_s": 0.0, "p2p_op_s": 0.0, "wake_s": 0.0, "shared_factor": 1.0, "pipe_factor": 1.0}
 
