@@ -231,6 +231,10 @@ def _forecast_section(doc: dict) -> list[str]:
     lines += _table(["N"] + [f"{a}: fastest, tokens/s" for a in arms] + [f"{a}: s to target" for a in arms], rows)
     lines += ["", f"Target held-out loss {tt['target']:.3f} ({tt.get('curve')} curves, seeds {tt.get('seeds')}); "
                   f"break-even: {tt['break_even']}."]
+    censored = {a: n for a, n in (tt.get("censored") or {}).items() if n}
+    if censored:
+        lines[-1] += (" At the target from their first held-out point on (their time is at most that point's): "
+                      + ", ".join(f"{a} {_count(n, 'seed')}" for a, n in censored.items()) + ".")
     v = doc.get("validation") or {}
     if v.get("errors"):
         lines += ["", "Checked against the candidates seams_n2 measured in its run:", ""]
