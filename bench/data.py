@@ -214,14 +214,14 @@ def loader_passes(work: Path, args) -> list[dict]:
 
 def results(args, prep: dict, runs: dict, passes: list[dict]) -> dict:
     import torch
-    from seamkit.report import machine
+    from seamkit.report import git_commit, machine
     ratios = [t["tokens_per_s"] / m["tokens_per_s"] for m, t in zip(runs["memory"], runs["tokens"])]
     growth = [r["growth_MiB"] for r in runs["tokens"]]
     return {
         "command": shlex.join(["python", "bench/data.py", *sys.argv[1:]]),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "machine": {**machine(), "note": args.note},
-        "torch_version": torch.__version__,
+        "torch_version": torch.__version__, "git_commit": git_commit(),
         "preset": "cpu (e2e arm, bytes tokenizer)", "budget_seconds": args.budget, "threads": args.threads,
         "corpus": {k: v for k, v in prep.items() if k not in ("shards", "sources")},
         "tokens_over_memory_tokens_per_s": {"median": statistics.median(ratios), "min": min(ratios),

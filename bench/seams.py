@@ -55,7 +55,7 @@ from seamkit.data.load import load_corpus
 from seamkit.data.rows import RowLoader
 from seamkit.flops import matmul_peak, mfu
 from seamkit.model import resolve_device
-from seamkit.report import atomic_write_text, machine
+from seamkit.report import atomic_write_text, git_commit, machine
 from seamkit.seams import study as S
 from seamkit.seams import update as U
 from seamkit.seams.arm import ArmSpec
@@ -506,7 +506,7 @@ def main(argv=None) -> int:
         atomic_write_text(Path(args.json), json.dumps({
             "command": shlex.join(["python", "bench/seams.py", *(argv if argv is not None else sys.argv[1:])]),
             "machine": machine(),
-            "torch": torch.__version__, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+            "torch": torch.__version__, "git_commit": git_commit(), "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
             "conditions": args.note, **out}, indent=2, default=str) + "\n")
     return 0
 
