@@ -14,6 +14,7 @@ import json
 import os
 from pathlib import Path
 
+from seamkit.forecast.predict import break_even
 from seamkit.report import ReportError, atomic_write_text, read_json
 from seamkit.seams.calibration import same_speed
 from seamkit.stats import interval, stats
@@ -136,10 +137,11 @@ def _rows(docs: dict) -> list[tuple[str, str, tuple]]:
                      f"worst error {w['relative_error']:+.0%} ({w['arm']} {w['candidate']} at N={w['devices']}) over "
                      f"{len(v['errors'])} candidates" if w else (v.get("note") or "not validated"),
                      ("forecast", "seams_n2")))
-        top = str(max(d["forecast"]["devices"]))
+        even = break_even(tt["by_devices"], tt["arms"])
+        top = str(max([n for n in d["forecast"]["devices"] if n not in even["not_forecast_devices"]] or [0]))
         rows.append(("From which N does local (or delayed) reach the target loss first?",
-                     f"{tt['break_even']}; at N={top}: " + ", ".join(
-                         f"{a} {interval(tt['by_devices'][top][a]['seconds'], ',.0f')} s" for a in tt["arms"]),
+                     even["break_even"] + ("" if top == "0" else f"; at N={top}: " + ", ".join(
+                         f"{a} {interval(tt['by_devices'][top][a]['seconds'], ',.0f')} s" for a in tt["arms"])),
                      ("forecast",)))
     if d.get("own_head"):
         closed = gap_closed(d["own_head"], d["seams_n2"]) if d.get("seams_n2") else None
@@ -221,6 +223,7 @@ def _placement_lines(doc: dict) -> list[str]:
 def _forecast_section(doc: dict) -> list[str]:
     by, tt = doc["by_devices"], doc["time_to_target"]
     arms = tt["arms"]
+    even = break_even(tt["by_devices"], arms)
 
     def best(n, a) -> str:  # the arm's fastest candidate at N and its forecast tokens/s
         name = by[str(n)][a]["best"]
@@ -230,7 +233,11 @@ def _forecast_section(doc: dict) -> list[str]:
             + [interval(tt["by_devices"][str(n)][a]["seconds"], ",.0f") for a in arms] for n in doc["devices"]]
     lines += _table(["N"] + [f"{a}: fastest, tokens/s" for a in arms] + [f"{a}: s to target" for a in arms], rows)
     lines += ["", f"Target held-out loss {tt['target']:.3f} ({tt.get('curve')} curves, seeds {tt.get('seeds')}); "
-                  f"break-even: {tt['break_even']}."]
+                  f"break-even: {even['break_even']}."]
+    if even["not_forecast_devices"]:  # say why, in the forecast's words: its first candidate's reason
+        n = even["not_forecast_devices"][0]
+        why = next((c["reason"] for c in by[str(n)]["e2e"]["candidates"].values() if c.get("reason")), None)
+        lines[-1] += f" Not forecast at N={n}" + (f": {why}." if why else ".")
     censored = {a: n for a, n in (tt.get("censored") or {}).items() if n}
     if censored:
         lines[-1] += (" At the target from their first held-out point on (their time is at most that point's): "

@@ -195,7 +195,7 @@ def time_to_target(report: dict, curves: dict, target: float | None) -> dict:
     steps = {arm: [_steps_to_target(c, target) for c in curves[arm]] for arm in arms}
     # seeds whose first held-out point is already at the target: their steps are at most that point's
     censored = {arm: sum(1 for c in curves[arm] if c and min(c)[1] <= target) for arm in arms}
-    by_n, even, even_arm = {}, None, None
+    by_n = {}
     for n in report["devices"]:
         row = {}
         for arm in arms:
@@ -210,14 +210,33 @@ def time_to_target(report: dict, curves: dict, target: float | None) -> dict:
         for arm in arms[1:]:
             lo = row[arm]["seconds"]
             row[f"{arm}_first"] = bool(e and lo and lo["mean"] < e["mean"]) or bool(lo and not e)
-        first = [a for a in arms[1:] if row[f"{a}_first"]]
-        if first and even is None:
-            even, even_arm = n, min(first, key=lambda a: row[a]["seconds"]["mean"])
         by_n[str(n)] = row
     return {"target": target, "arms": arms, "steps_to_target": steps, "censored": censored, "by_devices": by_n,
-            "break_even_devices": even,
-            "break_even_arm": even_arm,
-            "break_even": f"N={even} ({even_arm})" if even else f"none up to N_max={max(report['devices'])}"}
+            **break_even(by_n, arms)}
+
+
+def break_even(by_n: dict, arms: list[str]) -> dict:
+    """The first N (of `by_n`, a time-to-target forecast's by_devices) where local's or delayed's
+    mean beats e2e's, the arm, and a line saying so. Without one, the line names the largest N
+    forecast for e2e and another arm, and the N that were not forecast (a candidate this machine
+    could not measure is not forecast), so that "none" is not read past them."""
+    def forecast_at(n, arm):
+        return (by_n[n].get(arm) or {}).get("candidate") is not None
+    even = even_arm = None
+    for n, row in by_n.items():
+        first = [a for a in arms[1:] if row.get(f"{a}_first")]
+        if first:
+            even, even_arm = int(n), min(first, key=lambda a: row[a]["seconds"]["mean"])
+            break
+    seen = [int(n) for n in by_n if forecast_at(n, "e2e") and any(forecast_at(n, a) for a in arms[1:])]
+    unseen = [int(n) for n in by_n if int(n) not in seen]
+    if even:
+        text = f"N={even} ({even_arm})"
+    elif seen:
+        text = f"none up to N={max(seen)}" + (f" (N={', '.join(map(str, unseen))} not forecast)" if unseen else "")
+    else:
+        text = "none: no N forecast for e2e and another arm"
+    return {"break_even_devices": even, "break_even_arm": even_arm, "break_even": text, "not_forecast_devices": unseen}
 
 
 def summary_lines(report: dict) -> list[str]:

@@ -105,7 +105,13 @@ def test_time_to_target_and_break_even():
     first = next((n for n in (1, 2, 4) if tt["by_devices"][str(n)]["local_first"]), None)
     assert tt["break_even_devices"] == first
     never = time_to_target(rep, {"e2e": curves["e2e"], "local": [[(0, 4.0), (9, 3.5)]]}, 3.0)
-    assert never["break_even"] == "none up to N_max=4"
+    assert never["break_even"] == "none up to N=4" and never["not_forecast_devices"] == []
+    # an N with no e2e forecast (a candidate this machine could not measure) is not counted as
+    # "none": planted fault, the largest N asked for named instead
+    for arm in ("e2e", "local"):
+        rep["by_devices"]["4"][arm]["best"] = None
+    short = time_to_target(rep, {"e2e": curves["e2e"], "local": [[(0, 4.0), (9, 3.5)]]}, 3.0)
+    assert short["break_even"] == "none up to N=2 (N=4 not forecast)" and short["not_forecast_devices"] == [4]
 
 
 def test_time_to_target_names_the_arm_that_breaks_even():
