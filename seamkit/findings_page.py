@@ -103,6 +103,12 @@ def gap_closed(own: dict, base: dict) -> dict | None:
     return stats([1 - g_own[s] / g_base[s] for s in g_own if s in g_base and g_base[s] > 0])
 
 
+def _budgets(own: dict, base: dict) -> str:
+    """A note that two studies' gaps were read at different budgets (a gap shrinks with training)."""
+    a, b = own.get("budget_seconds"), base.get("budget_seconds")
+    return "" if a == b else f" (own_head's gaps at {a:g} s an arm, aux_head's at {b:g} s: not the same budget)"
+
+
 def _largest(check: dict) -> float:
     """A pruning check's largest difference to the reference: loss, gradient, update or optimizer state."""
     return max(abs(check[k]) for k in ("loss_delta", "gradient_max", "parameter_update_max", "optimizer_state_max"))
@@ -146,7 +152,8 @@ def _rows(docs: dict) -> list[tuple[str, str, tuple]]:
     if d.get("own_head"):
         closed = gap_closed(d["own_head"], d["seams_n2"]) if d.get("seams_n2") else None
         rows.append(("On two devices, how much of local's gap does own_head close?",
-                     f"{interval(closed, '.0%')} of aux_head's gap; own_head's gap {_gaps(d['own_head'])}",
+                     f"{interval(closed, '.0%')} of aux_head's gap; own_head's gap {_gaps(d['own_head'])}"
+                     + (_budgets(d["own_head"], d["seams_n2"]) if d.get("seams_n2") else ""),
                      ("own_head", "seams_n2")))
     if d.get("qwen"):
         share, n2 = d["qwen"]["lm_head_flops_share"]["qwen"], d.get("seams_n2")
@@ -275,7 +282,7 @@ def _extra_lines(name: str, docs: dict) -> list[str]:
         return _placement_lines(doc)
     if name == "own_head" and docs.get("seams_n2"):
         return ["", f"Share of local aux_head's gap (seams_n2, same seeds) that own_head closes: "
-                    f"{interval(gap_closed(doc, docs['seams_n2']), '.0%')}."]
+                    f"{interval(gap_closed(doc, docs['seams_n2']), '.0%')}{_budgets(doc, docs['seams_n2'])}."]
     if name == "qwen":
         s = doc["lm_head_flops_share"]
         return ["", f"The LM head takes {s['qwen']:.1%} of a training step's FLOPs here, "

@@ -1,12 +1,14 @@
-"""The README's findings table against its results files: every decimal figure in a row's answer
-is a value of the files that row names (or of the seams report a results file points to),
-rounded as printed. Percentages are derivations (a gap over e2e's loss) and the README says so;
-integers are settings (seams, devices, seconds)."""
+"""The README's findings tables against their results files: every decimal figure in a row's
+answer is a value of the files that row names (or of the seams report a results file points to,
+or a key's summary over a list of records, as pruning's windows), rounded as printed. Percentages
+are derivations (a gap over e2e's loss) and the README says so; integers are settings (seams,
+devices, seconds)."""
 
 import json
 import re
 from pathlib import Path
 
+from seamkit.stats import stats
 from tests.conftest import ROOT
 
 RESULTS = Path("bench") / "results"
@@ -18,8 +20,10 @@ INTERVAL = re.compile(r"[+-]?\d+\.\d+x? \[[+-]?\d+\.\d+, [+-]?\d+\.\d+\]")
 
 def findings_rows(readme: str) -> list[tuple[str, str, str]]:
     section = readme.split("## What we found", 1)[1].split("\n## ", 1)[0]
-    rows = [line for line in section.splitlines() if line.startswith("| ")]
-    cells = [[c.strip() for c in line.strip().strip("|").split("|")] for line in rows[1:]]
+    lines = section.splitlines()
+    rows = [line for i, line in enumerate(lines) if line.startswith("| ")  # a table's rows, less its header
+            and not (i + 1 < len(lines) and lines[i + 1].startswith("|---"))]
+    cells = [[c.strip() for c in line.strip().strip("|").split("|")] for line in rows]
     return [(q, a, s) for q, a, s in cells if not set(q) <= {"-"}]
 
 
@@ -53,6 +57,12 @@ def file_values(paths: list[Path]) -> tuple[list[tuple[float, float, float]], li
         elif isinstance(o, list) and (len(o) <= 16 or not isinstance(o[0], (int, float, list))):
             for v in o:
                 walk(v)
+            if o and all(isinstance(v, dict) for v in o):  # records (pruning's windows): a key's summary
+                for k in set.intersection(*(set(v) for v in o)):
+                    xs = [v[k] for v in o]
+                    if len(o) > 1 and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in xs):
+                        s = stats(xs)
+                        summaries.append((s["mean"], *s["ci95"]))
             if o and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in o):
                 scalars.append(sum(o) / len(o))  # a figure per seed, quoted as its mean
 
