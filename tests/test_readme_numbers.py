@@ -109,13 +109,24 @@ def test_every_readme_finding_is_in_its_results_file():
 
 
 def test_a_figure_not_in_its_file_is_named():
-    """The check above can fail: one gap's digit changed, and a sign flipped, each reported."""
+    """The check above can fail. An interval's last digit changed, and its sign flipped, are each
+    reported (an interval is matched whole). A standalone figure is matched against every number
+    of its files, so it is planted at a value none of them prints as."""
     readme = (ROOT / "README.md").read_text()
     assert unmatched(readme) == []
-    _, answer, _ = findings_rows(readme)[0]
-    for figure in (INTERVAL.search(answer).group(0), INTERVAL.sub("", answer)):
-        sign, text, millions = FIGURE.findall(figure)[0]
-        wrong = text[:-1] + str((int(text[-1]) + 1) % 10)
-        assert unmatched(readme.replace(sign + text + millions, sign + wrong + millions, 1)) != [], figure
-        flipped = {"+": "-", "-": "+", "": "-"}[sign]
-        assert unmatched(readme.replace(sign + text + millions, flipped + text + millions, 1)) != [], figure
+    _, answer, source = findings_rows(readme)[0]
+    triple = INTERVAL.search(answer).group(0)
+    sign, text, millions = FIGURE.findall(triple)[0]
+    wrong = text[:-1] + str((int(text[-1]) + 1) % 10)
+    assert unmatched(readme.replace(triple, triple.replace(sign + text, sign + wrong, 1), 1)) != [], triple
+    flipped = {"+": "-", "-": "+", "": "-"}[sign]
+    assert unmatched(readme.replace(triple, triple.replace(sign + text, flipped + text, 1), 1)) != [], triple
+    sign, text, millions = FIGURE.findall(INTERVAL.sub("", answer))[0]
+    _, scalars = file_values(source_files(source, []))
+    digits, step = len(text.split(".")[1]), 10 ** -len(text.split(".")[1])
+    absent = next(f"{float(text) + k * step:.{digits}f}" for k in range(1, 1000)
+                  if not any(printed_as(v, sign, f"{float(text) + k * step:.{digits}f}") for v in scalars))
+    row = readme.index(answer)
+    planted = readme[:row] + answer.replace(sign + text + millions, sign + absent + millions, 1) \
+        + readme[row + len(answer):]
+    assert any(absent in m for m in unmatched(planted)), (text, absent)
