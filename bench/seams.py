@@ -506,7 +506,8 @@ def main(argv=None) -> int:
         atomic_write_text(Path(args.json), json.dumps({
             "command": shlex.join(["python", "bench/seams.py", *(argv if argv is not None else sys.argv[1:])]),
             "machine": machine(),
-            "torch": torch.__version__, "git_commit": git_commit(), "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+            "torch": torch.__version__, "git_commit": git_commit(),
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
             "conditions": args.note, **out}, indent=2, default=str) + "\n")
     return 0
 

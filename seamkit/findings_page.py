@@ -144,11 +144,14 @@ def _rows(docs: dict) -> list[tuple[str, str, tuple]]:
                      f"{len(v['errors'])} candidates" if w else (v.get("note") or "not validated"),
                      ("forecast", "seams_n2")))
         even = break_even(tt["by_devices"], tt["arms"])
-        top = str(max([n for n in d["forecast"]["devices"] if n not in even["not_forecast_devices"]] or [0]))
+        forecast_ns = [n for n in d["forecast"]["devices"] if n not in even["not_forecast_devices"]]
+        at_top = ""
+        if forecast_ns:  # the arms' times at the largest N forecast
+            top = str(max(forecast_ns))
+            at_top = f"; at N={top}: " + ", ".join(
+                f"{a} {interval(tt['by_devices'][top][a]['seconds'], ',.0f')} s" for a in tt["arms"])
         rows.append(("From which N does local (or delayed) reach the target loss first?",
-                     even["break_even"] + ("" if top == "0" else f"; at N={top}: " + ", ".join(
-                         f"{a} {interval(tt['by_devices'][top][a]['seconds'], ',.0f')} s" for a in tt["arms"])),
-                     ("forecast",)))
+                     even["break_even"] + at_top, ("forecast",)))
     if d.get("own_head"):
         closed = gap_closed(d["own_head"], d["seams_n2"]) if d.get("seams_n2") else None
         rows.append(("On two devices, how much of local's gap does own_head close?",

@@ -36,15 +36,17 @@ def source_files(cell: str, previous: list[Path]) -> list[Path]:
     return [ROOT / (n if "/" in n else RESULTS / n) for n in names]
 
 
+def _number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
 def file_values(paths: list[Path]) -> tuple[list[tuple[float, float, float]], list[float]]:
     """The files' summaries as (mean, lo, hi) and their other numbers, less long series of numbers
     (curves, histories), where a figure would find a match by chance."""
     summaries, scalars, seen = [], [], set()
 
     def walk(o):
-        if isinstance(o, bool):
-            return
-        if isinstance(o, (int, float)):
+        if _number(o):
             scalars.append(float(o))
         elif isinstance(o, dict):
             if isinstance(o.get("mean"), (int, float)) and isinstance(o.get("ci95"), list):
@@ -60,10 +62,10 @@ def file_values(paths: list[Path]) -> tuple[list[tuple[float, float, float]], li
             if o and all(isinstance(v, dict) for v in o):  # records (pruning's windows): a key's summary
                 for k in set.intersection(*(set(v) for v in o)):
                     xs = [v[k] for v in o]
-                    if len(o) > 1 and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in xs):
+                    if len(o) > 1 and all(_number(x) for x in xs):
                         s = stats(xs)
                         summaries.append((s["mean"], *s["ci95"]))
-            if o and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in o):
+            if o and all(_number(v) for v in o):
                 scalars.append(sum(o) / len(o))  # a figure per seed, quoted as its mean
 
     def load(p):
@@ -123,9 +125,9 @@ def test_a_figure_not_in_its_file_is_named():
     assert unmatched(readme.replace(triple, triple.replace(sign + text, flipped + text, 1), 1)) != [], triple
     sign, text, millions = FIGURE.findall(INTERVAL.sub("", answer))[0]
     _, scalars = file_values(source_files(source, []))
-    digits, step = len(text.split(".")[1]), 10 ** -len(text.split(".")[1])
-    absent = next(f"{float(text) + k * step:.{digits}f}" for k in range(1, 1000)
-                  if not any(printed_as(v, sign, f"{float(text) + k * step:.{digits}f}") for v in scalars))
+    digits = len(text.split(".")[1])
+    nearby = (f"{float(text) + k * 10 ** -digits:.{digits}f}" for k in range(1, 1000))
+    absent = next(t for t in nearby if not any(printed_as(v, sign, t) for v in scalars))
     row = readme.index(answer)
     planted = readme[:row] + answer.replace(sign + text + millions, sign + absent + millions, 1) \
         + readme[row + len(answer):]
