@@ -6,19 +6,21 @@ The plan (`PLAN`) is a list of steps, each a small function whose result is one 
   report holds every candidate's speed measured on this host;
 - `forecast`: the two-device study's config forecast at N = 1..16 from costs measured now, checked
   against the candidates that study measured, with the time to target and the break-even N;
-- `own_head`: the remedy that closes most of local's gap, on two devices;
+- `own_head`: local under the own_head objective on two devices, at seams_n2's budget and seeds,
+  so that its gap is set against aux_head's (seams_n2's) seed by seed;
 - `qwen`: the second scale point, the preset with Qwen's vocabulary, where the LM head is most
   of a step's FLOPs (its share is counted and kept beside the report);
 - `pruning`: exact pruning of a training step on `seams_n1`'s e2e checkpoint, in float32 and in
   float64.
-How big each step runs is a `Scale` (`scale_for`): the full one (about 80 minutes on a 2-core
+How big each step runs is a `Scale` (`scale_for`): the full one (about 90 minutes on a 2-core
 CPU), and the tiny one the test suite dry-runs so the plan does not rot.
 
 Where the files go. Steps write into `<out>/run/` (git ignores it): the JSONs, the studies'
 checkpoints, and a marker of when each step started. Only once the steps asked for are done are
 the JSONs copied to `<out>/`, the figures drawn and the page written (`findings_page`), so results
 committed by an earlier run are rewritten at the end: while the steps run the tree stays as clean
-as it started, and every report's provenance names that commit.
+as it started, and every report's provenance names that commit. The run published before, at
+another commit, is kept in `<out>/previous/`, and the page sets its figures beside this run's.
 
 Resuming. A step is done, and skipped, when its file in run/ was finished at this commit, under
 the same preset, budgets and --set, and the steps it reads were not run again since (`done`). A
@@ -55,11 +57,10 @@ class FindingsError(C.SeamkitError):
 class Scale:
     """How big each step runs. Budgets are training seconds an arm (what `--scale` multiplies)."""
     name: str
-    budget_s: float = 120.0  # seams_n1 and seams_n2
-    own_head_budget_s: float = 60.0
+    budget_s: float = 120.0  # seams_n1, seams_n2 and own_head (whose gaps are compared with seams_n2's)
     qwen_budget_s: float = 90.0
-    repeats: int = 3  # paired seeds of seams_n1 and seams_n2
-    remedy_repeats: int = 3  # paired seeds of own_head and qwen
+    repeats: int = 3  # paired seeds of seams_n1, seams_n2 and own_head
+    remedy_repeats: int = 3  # paired seeds of qwen
     forecast_devices: tuple = (1, 2, 4, 8, 16)
     forecast_repeats: int | None = None  # cost measurements a part; None: forecast_seams' default
     studies: dict = field(default_factory=dict)  # overrides every study takes
@@ -80,7 +81,7 @@ SCALES = {
     "full": Scale("full", studies={"train.checkpoint_every_s": 60.0},
                   qwen={"train.eval_tokens": 8192, "seams.calibrate_rounds": 1, "seams.calibrate_steps": 8}),
     # seconds a step: the smallest run that still runs every step's code
-    "tiny": Scale("tiny", budget_s=1.0, own_head_budget_s=1.0, qwen_budget_s=1.0, repeats=2, remedy_repeats=1,
+    "tiny": Scale("tiny", budget_s=1.0, qwen_budget_s=1.0, repeats=2, remedy_repeats=1,
                   forecast_devices=(1, 2), forecast_repeats=1,
                   studies={"seams.calibrate_steps": 4, "seams.calibrate_rounds": 1},
                   remedies={"seams.placement": "e2e=dp,local=stages"},  # seams_n2 alone calibrates
@@ -94,8 +95,7 @@ def scale_for(preset: str, factor: float = 1.0) -> Scale:
     if not factor > 0:
         raise FindingsError(f"--scale must be a positive number (it multiplies every budget), got {factor}")
     s = SCALES["tiny" if preset == "tiny" else "full"]
-    return replace(s, budget_s=s.budget_s * factor, own_head_budget_s=s.own_head_budget_s * factor,
-                   qwen_budget_s=s.qwen_budget_s * factor)
+    return replace(s, budget_s=s.budget_s * factor, qwen_budget_s=s.qwen_budget_s * factor)
 
 
 @dataclass
@@ -118,7 +118,7 @@ class Context:
         """What a step's file must have been made under to count as done: preset, budgets, --set."""
         s = self.scale
         return {"preset": self.preset, "scale": s.name, "overrides": self.overrides,
-                "budgets_s": [s.budget_s, s.own_head_budget_s, s.qwen_budget_s]}
+                "budgets_s": [s.budget_s, s.qwen_budget_s]}
 
 
 # ----------------------------------------------------------------------------- the steps
@@ -133,7 +133,7 @@ def _study_cfg(ctx: Context, name: str) -> C.RunConfig:
         "seams_n2": {"seams.devices": 2, "seams.arms": ARMS3, "seams.repeats": s.repeats,
                      "train.budget_seconds": s.budget_s, "seams.calibration": "run"},
         "own_head": {"seams.devices": 2, "seams.arms": "e2e,local", "seams.objective": "own_head",
-                     "seams.repeats": s.remedy_repeats, "train.budget_seconds": s.own_head_budget_s, **s.remedies},
+                     "seams.repeats": s.repeats, "train.budget_seconds": s.budget_s, **s.remedies},
         "qwen": {**QWEN, "seams.devices": 2, "seams.arms": "e2e,local", "seams.repeats": s.remedy_repeats,
                  "train.budget_seconds": s.qwen_budget_s, **s.remedies, **s.qwen},
     }
@@ -392,8 +392,32 @@ def run_findings(preset: str = "cpu", out_dir="bench/results/findings", page_pat
             "page": written, "published": published}
 
 
+def _keep_previous(ctx: Context, plan: list[Step], out_dir: Path) -> list[str]:
+    """Before a commit's first publish, copy the files published by the run before it (another
+    commit's) into <out>/previous/, replacing the run kept there, so the page can set the two runs
+    side by side; the names kept."""
+    old = [s.name for s in plan if (out_dir / f"{s.name}.json").is_file()]
+    if not old or any((_block(out_dir / f"{n}.json") or {}).get("commit") == ctx.commit for n in old):
+        return []
+    prev, new, gone = (out_dir / name for name in (page.PREVIOUS, f".{page.PREVIOUS}.new",
+                                                    f".{page.PREVIOUS}.old"))
+    for d in (new, gone):
+        shutil.rmtree(d, ignore_errors=True)
+    new.mkdir(parents=True)
+    for n in old:
+        shutil.copy2(out_dir / f"{n}.json", new / f"{n}.json")
+    if prev.exists():  # swapped by renames: a crash leaves the old run or the new one, never half of one
+        prev.rename(gone)
+    new.rename(prev)
+    shutil.rmtree(gone, ignore_errors=True)
+    return old
+
+
 def _publish(ctx: Context, plan: list[Step], out_dir: Path) -> list[str]:
-    """Copy every done step's file from run/ to `out_dir` (atomically); their names."""
+    """Copy every done step's file from run/ to `out_dir` (atomically), the run before this
+    commit's kept in previous/ first; their names."""
+    if any(done(ctx, step) for step in plan):
+        _keep_previous(ctx, plan, out_dir)
     names = []
     for step in plan:
         if done(ctx, step):

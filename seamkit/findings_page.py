@@ -31,6 +31,7 @@ FIGURES = {"seams_n1": ("loss_seconds", "time_to_target"), "seams_n2": ("loss_se
            "forecast": ("tokens_per_s", "time_to_target"), "own_head": ("loss_seconds",),
            "qwen": ("loss_seconds", "throughput"), "pruning": ("speed", "memory")}
 MANIFEST = "figures.json"  # in the out folder: which figures were drawn, and why no PNGs
+PREVIOUS = "previous"  # in the out folder: the files the run before this commit's published
 
 
 # ----------------------------------------------------------------------------- formatting
@@ -103,6 +104,14 @@ def gap_closed(own: dict, base: dict) -> dict | None:
     return stats([1 - g_own[s] / g_base[s] for s in g_own if s in g_base and g_base[s] > 0])
 
 
+def gap_difference(own: dict, base: dict) -> dict | None:
+    """`own`'s local gap minus `base`'s, seed by seed (each against e2e of the same seed), in nats:
+    below zero where own's objective ends nearer e2e. Unlike the share closed, it stays stable
+    when base's gap is near zero."""
+    g_own, g_base = _seed_gaps(own), _seed_gaps(base)
+    return stats([g_own[s] - g_base[s] for s in g_own if s in g_base])
+
+
 def _budgets(own: dict, base: dict) -> str:
     """A note that two studies' gaps were read at different budgets (a gap shrinks with training)."""
     a, b = own.get("budget_seconds"), base.get("budget_seconds")
@@ -153,11 +162,13 @@ def _rows(docs: dict) -> list[tuple[str, str, tuple]]:
         rows.append(("From which N does local (or delayed) reach the target loss first?",
                      even["break_even"] + at_top, ("forecast",)))
     if d.get("own_head"):
-        closed = gap_closed(d["own_head"], d["seams_n2"]) if d.get("seams_n2") else None
-        rows.append(("On two devices, how much of local's gap does own_head close?",
-                     f"{interval(closed, '.0%')} of aux_head's gap; own_head's gap {_gaps(d['own_head'])}"
-                     + (_budgets(d["own_head"], d["seams_n2"]) if d.get("seams_n2") else ""),
-                     ("own_head", "seams_n2")))
+        answer = f"own_head's gap {_gaps(d['own_head'])}"
+        if d.get("seams_n2"):
+            own, aux = d["own_head"], d["seams_n2"]
+            answer += (f"; minus aux_head's (seams_n2), seed by seed: {interval(gap_difference(own, aux), '+.3f')}; "
+                       f"share of aux_head's gap closed {interval(gap_closed(own, aux), '.0%')}" + _budgets(own, aux))
+        rows.append(("On two devices, does the own_head objective end nearer e2e than aux_head?", answer,
+                     ("own_head", "seams_n2") if d.get("seams_n2") else ("own_head",)))
     if d.get("qwen"):
         share, n2 = d["qwen"]["lm_head_flops_share"]["qwen"], d.get("seams_n2")
         rows.append((f"With Qwen's vocabulary (LM head {share:.0%} of a step's FLOPs), on two devices: loss gap and "
@@ -284,8 +295,10 @@ def _extra_lines(name: str, docs: dict) -> list[str]:
     if name == "seams_n2":
         return _placement_lines(doc)
     if name == "own_head" and docs.get("seams_n2"):
-        return ["", f"Share of local aux_head's gap (seams_n2, same seeds) that own_head closes: "
-                    f"{interval(gap_closed(doc, docs['seams_n2']), '.0%')}{_budgets(doc, docs['seams_n2'])}."]
+        aux = docs["seams_n2"]
+        return ["", f"Against local aux_head (seams_n2, the same seeds), seed by seed: own_head's gap minus aux_head's "
+                    f"{interval(gap_difference(doc, aux), '+.3f')} nats; share of aux_head's gap that own_head closes "
+                    f"{interval(gap_closed(doc, aux), '.0%')}{_budgets(doc, aux)}."]
     if name == "qwen":
         s = doc["lm_head_flops_share"]
         return ["", f"The LM head takes {s['qwen']:.1%} of a training step's FLOPs here, "
@@ -294,6 +307,84 @@ def _extra_lines(name: str, docs: dict) -> list[str]:
 
 
 SECTIONS = {"forecast": _forecast_section, "pruning": _pruning_section}  # the rest are seams reports
+
+
+# ----------------------------------------------------------------------------- against the previous run
+
+def headline(docs: dict) -> dict[str, tuple]:
+    """{figure: (step, its `stats` summary, format spec, unit)} of every headline figure with an
+    interval: the seams studies' gaps and ratios over e2e, own_head against aux_head, pruning's
+    speed-up and memory."""
+    out = {}
+    for n in ("seams_n1", "seams_n2", "own_head", "qwen"):
+        if not docs.get(n):
+            continue
+        for a in list(docs[n]["arms"])[1:]:
+            out[f"{n}: {a} gap to e2e"] = (n, _paired(docs[n], f"loss_gap_{a}_minus_e2e"), "+.3f", "")
+            out[f"{n}: {a} tokens/s over e2e"] = (n, _paired(docs[n], f"tokens_per_s_{a}_over_e2e"), ".2f", "x")
+            if n.startswith("seams_"):
+                out[f"{n}: {a} time to target over e2e"] = (n, _paired(docs[n], f"time_to_target_{a}_over_e2e"),
+                                                            ".2f", "x")
+        if n == "own_head" and docs.get("seams_n2"):
+            out["own_head: gap minus aux_head's"] = (n, gap_difference(docs[n], docs["seams_n2"]), "+.3f", "")
+    if docs.get("pruning"):
+        p = _prune_numbers(docs["pruning"], "float32")
+        out["pruning: speed-up (float32)"] = ("pruning", p["speedup"], ".2f", "x")
+        out["pruning: memory ratio (float32)"] = ("pruning", p["memory"], ".2f", "x")
+    return out
+
+
+def _inside(x: float, s: dict) -> bool:
+    return s["ci95"][0] <= x <= s["ci95"][1]
+
+
+def _changed(a: dict, b: dict) -> str | None:
+    """What differs between two runs' files of one step that makes their figures incomparable."""
+    keys = ("budget_seconds", "objective", "seeds") if "budget_seconds" in a else ()
+    diff = [f"{k} {a.get(k)} then, {b.get(k)} now" for k in keys if a.get(k) != b.get(k)]
+    return "; ".join(diff) or None
+
+
+def repeat(docs: dict, previous: dict) -> list[dict]:
+    """Each headline figure of this run against the previous run's: both summaries, and whether
+    each run's mean lies inside the other's 95% interval (None, with the reason in `changed`, where
+    the step changed between the runs or a figure has no interval)."""
+    now, then = headline(docs), headline(previous)
+    rows = []
+    for fig, (step, s_now, spec, unit) in now.items():
+        s_then = then.get(fig, (None, None))[1]
+        if not (s_now and s_then):
+            continue
+        why_not = _changed(previous[step], docs[step]) or (
+            None if s_now.get("ci95") and s_then.get("ci95") else "no interval (one seed or window)")
+        rows.append({"figure": fig, "previous": s_then, "now": s_now, "spec": spec, "unit": unit, "changed": why_not,
+                     "within": None if why_not else _inside(s_now["mean"], s_then) and _inside(s_then["mean"], s_now)})
+    return rows
+
+
+def _previous_lines(docs: dict, previous: dict, link: str) -> list[str]:
+    rows = repeat(docs, previous)
+    if not rows:
+        return []
+    have = [d for d in previous.values() if d]
+    commits = sorted({d["findings_step"]["commit"][:12] for d in have if d.get("findings_step")})
+    fp = have[0]["machine"].get("fingerprint") or 0
+    date = max(d["findings_step"]["finished_utc"] for d in have if d.get("findings_step"))[:10]
+    same = [r for r in rows if r["within"]]
+    lines = [f"The run published before this one (commit {', '.join(commits)}, {date}, speed fingerprint "
+             f"{fp / 1e9:.1f} GFLOP/s{'' if _same_host(have[0]['machine'], _first(docs)['machine']) else ', another host'}"
+             f"), figure by figure: each run's mean inside the other's 95% interval in {len(same)} of "
+             f"{sum(r['within'] is not None for r in rows)} figures compared. Its files are in "
+             f"[{PREVIOUS}/]({link}).", ""]
+    lines += _table(["figure", "previous run", "this run", "each mean inside the other's interval"],
+                    [[r["figure"], interval(r["previous"], r["spec"], r["unit"]), interval(r["now"], r["spec"], r["unit"]),
+                      f"not compared: {r['changed']}" if r["changed"] else ("yes" if r["within"] else "**no**")]
+                     for r in rows])
+    return lines
+
+
+def _first(docs: dict) -> dict:
+    return next(d for d in docs.values() if d)
 
 
 # ----------------------------------------------------------------------------- figures and the page
@@ -353,6 +444,10 @@ def render(out_dir, page_path=None) -> str:
     lines += _table(["question", "answer", "source"], rows) if rows else ["No step has finished yet."]
     if any(docs.values()):
         lines += ["", "## Where and when", ""] + _hosts_lines(docs)
+        previous = _load(out_dir / PREVIOUS) if (out_dir / PREVIOUS).is_dir() else {}
+        if any(previous.values()):
+            again = _previous_lines(docs, previous, os.path.relpath(out_dir / PREVIOUS, page_dir) + "/")
+            lines += ["", "## Against the previous run", ""] + again if again else []
     if manifest.get("png_skipped") and manifest["png_skipped"] != "no figures":
         lines += ["", f"PNG figures were not drawn: {manifest['png_skipped']}."]
     for name, title in STEPS.items():

@@ -119,3 +119,37 @@ def test_resume_skips_done_steps_and_reruns_what_another_commit_made(tmp_path, m
         run()
     assert calls == [("a", False), ("b", False), ("s", False)]  # nothing of c1's resumed at c2
     assert json.loads((tmp_path / "a.json").read_text())["findings_step"]["commit"] == "c1"  # published at the end
+    stop["s"] = False
+    for _ in range(2):  # c2's first publish keeps c1's files in previous/; its next one keeps them there
+        run()
+        assert json.loads((tmp_path / "a.json").read_text())["findings_step"]["commit"] == "c2"
+        kept = json.loads((tmp_path / findings_page.PREVIOUS / "a.json").read_text())["findings_step"]
+        assert kept["commit"] == "c1"
+
+
+def test_the_page_sets_the_previous_run_beside_this_one(dry_run, tmp_path):
+    """Each headline figure against the previous run's, each mean inside the other's interval.
+    Planted faults this catches: a figure moved outside the previous interval still called
+    repeated; a step run at another budget compared as if it were the same; the section missing."""
+    out, _, _ = dry_run
+    here, prev = tmp_path / "out", tmp_path / "out" / findings_page.PREVIOUS
+    prev.mkdir(parents=True)
+    for n in findings_page.STEPS:
+        doc = rep.read_json(out / f"{n}.json")
+        rep.write_json(here / f"{n}.json", doc)
+        if n == "seams_n1":  # the previous run's local gap far from this run's
+            gap = doc["aggregate"]["paired"]["loss_gap_local_minus_e2e"]
+            gap["mean"], gap["ci95"] = gap["mean"] + 5, [gap["mean"] + 4.9, gap["mean"] + 5.1]
+        if n == "own_head":
+            doc["budget_seconds"] = 60.0
+        rep.write_json(prev / f"{n}.json", doc)
+    rows = {r["figure"]: r for r in findings_page.repeat(findings_page._load(here), findings_page._load(prev))}
+    assert rows["seams_n1: local gap to e2e"]["within"] is False
+    assert rows["seams_n1: delayed gap to e2e"]["within"] is True
+    assert rows["seams_n2: local tokens/s over e2e"]["within"] is True
+    own = rows["own_head: gap minus aux_head's"]
+    assert own["within"] is None and own["changed"].startswith("budget_seconds 60.0 then")
+    assert rows["qwen: local gap to e2e"]["changed"] == "no interval (one seed or window)"  # one seed at tiny
+    text = findings_page.render(here, tmp_path / "docs" / "findings.md")
+    assert "## Against the previous run" in text and "| seams_n1: local gap to e2e |" in text
+    assert "[previous/](../out/previous/)" in text and "**no**" in text
