@@ -4,8 +4,8 @@ import os as _os
 import sys as _sys
 
 # OpenMP threads that spin while they wait take the core a busy neighbour needs: beside one
-# CPU-bound process, 2 spinning threads kept 0.25x of their quiet tokens/s, 2 passive ones 0.83x,
-# but passive waiting cost about 35% when the machine was quiet (bench/results/seams_threads.json).
+# CPU-bound process, 2 spinning threads kept 0.23x of their quiet tokens/s, 2 passive ones 0.80x,
+# but passive waiting cost about half when the machine was quiet (bench/results/seams_threads.json).
 # A run's thread count is chosen at its start from the load then (seamkit.threads); a browser
 # beside a notebook kernel wakes up later, while training runs. So: passive in an interactive
 # notebook kernel (the arms it spawns inherit it), OpenMP's default on the command line and in
