@@ -66,7 +66,8 @@ class Scale:
     studies: dict = field(default_factory=dict)  # overrides every study takes
     remedies: dict = field(default_factory=dict)  # overrides own_head and qwen take
     # the qwen study's own: each held-out batch runs the 152k-row head, so it evaluates on fewer
-    # tokens, and its steps of seconds calibrate in one round of fewer steps
+    # tokens, and its steps of seconds calibrate in one round of fewer steps (the candidates in a
+    # close call then run seams.calibrate_contend rounds more)
     qwen: dict = field(default_factory=dict)
     prune: dict = field(default_factory=dict)  # overrides of both pruning runs
     # the time estimate: seconds an arm costs beyond its budget (its launch, held-out evaluations,

@@ -17,7 +17,7 @@ from pathlib import Path
 from seamkit.forecast.predict import break_even
 from seamkit.report import ReportError, atomic_write_text, read_json
 from seamkit.seams.calibration import same_speed
-from seamkit.stats import interval, stats
+from seamkit.stats import difference, interval, stats
 
 # every step's section, in the plan's order
 STEPS = {"seams_n1": "The seams study on one device",
@@ -313,12 +313,15 @@ SECTIONS = {"forecast": _forecast_section, "pruning": _pruning_section}  # the r
 
 def headline(docs: dict) -> dict[str, tuple]:
     """{figure: (step, its `stats` summary, format spec, unit)} of every headline figure with an
-    interval: the seams studies' gaps and ratios over e2e, own_head against aux_head, pruning's
-    speed-up and memory."""
+    interval: the seams studies' e2e speed and loss, their gaps and ratios over e2e, own_head
+    against aux_head, pruning's speed-up and memory."""
     out = {}
     for n in ("seams_n1", "seams_n2", "own_head", "qwen"):
         if not docs.get(n):
             continue
+        e2e = docs[n]["aggregate"]["e2e"]  # the host's speed, and the loss that speed buys in the budget
+        out[f"{n}: e2e tokens/s"] = (n, e2e["tokens_per_s"], ",.0f", "")
+        out[f"{n}: e2e final held-out loss"] = (n, e2e["final_loss"], ".3f", "")
         for a in list(docs[n]["arms"])[1:]:
             out[f"{n}: {a} gap to e2e"] = (n, _paired(docs[n], f"loss_gap_{a}_minus_e2e"), "+.3f", "")
             out[f"{n}: {a} tokens/s over e2e"] = (n, _paired(docs[n], f"tokens_per_s_{a}_over_e2e"), ".2f", "x")
@@ -346,9 +349,12 @@ def _changed(a: dict, b: dict) -> str | None:
 
 
 def repeat(docs: dict, previous: dict) -> list[dict]:
-    """Each headline figure of this run against the previous run's: both summaries, and whether
-    each run's mean lies inside the other's 95% interval (None, with the reason in `changed`, where
-    the step changed between the runs or a figure has no interval)."""
+    """Each headline figure of this run against the previous run's: both summaries, whether each
+    run's mean lies inside the other's 95% interval (`within`), and the difference of the means
+    with Welch's 95% interval and whether it holds zero (`holds_zero`). Two runs of three seeds
+    each, of one quantity, fail `within` about one time in six by chance (simulated, normal
+    seeds); the difference's interval is the test, at 5% a figure. Both None, with the reason in
+    `changed`, where the step changed between the runs or a figure has no interval."""
     now, then = headline(docs), headline(previous)
     rows = []
     for fig, (step, s_now, spec, unit) in now.items():
@@ -357,8 +363,10 @@ def repeat(docs: dict, previous: dict) -> list[dict]:
             continue
         why_not = _changed(previous[step], docs[step]) or (
             None if s_now.get("ci95") and s_then.get("ci95") else "no interval (one seed or window)")
+        diff = None if why_not else difference(s_now, s_then)
         rows.append({"figure": fig, "previous": s_then, "now": s_now, "spec": spec, "unit": unit, "changed": why_not,
-                     "within": None if why_not else _inside(s_now["mean"], s_then) and _inside(s_then["mean"], s_now)})
+                     "within": None if why_not else _inside(s_now["mean"], s_then) and _inside(s_then["mean"], s_now),
+                     "difference": diff, "holds_zero": None if diff is None else _inside(0.0, diff)})
     return rows
 
 
@@ -370,16 +378,22 @@ def _previous_lines(docs: dict, previous: dict, link: str) -> list[str]:
     commits = sorted({d["findings_step"]["commit"][:12] for d in have if d.get("findings_step")})
     fp = have[0]["machine"].get("fingerprint") or 0
     date = max(d["findings_step"]["finished_utc"] for d in have if d.get("findings_step"))[:10]
-    same = [r for r in rows if r["within"]]
+    compared = [r for r in rows if r["holds_zero"] is not None]
+    host = "" if _same_host(have[0]["machine"], _first(docs)["machine"]) else ", another host"
     lines = [f"The run published before this one (commit {', '.join(commits)}, {date}, speed fingerprint "
-             f"{fp / 1e9:.1f} GFLOP/s{'' if _same_host(have[0]['machine'], _first(docs)['machine']) else ', another host'}"
-             f"), figure by figure: each run's mean inside the other's 95% interval in {len(same)} of "
-             f"{sum(r['within'] is not None for r in rows)} figures compared. Its files are in "
-             f"[{PREVIOUS}/]({link}).", ""]
-    lines += _table(["figure", "previous run", "this run", "each mean inside the other's interval"],
-                    [[r["figure"], interval(r["previous"], r["spec"], r["unit"]), interval(r["now"], r["spec"], r["unit"]),
-                      f"not compared: {r['changed']}" if r["changed"] else ("yes" if r["within"] else "**no**")]
-                     for r in rows])
+             f"{fp / 1e9:.1f} GFLOP/s{host}), figure by figure. Of {len(compared)} figures compared, the 95% "
+             f"interval of the difference between the runs (Welch) holds zero in "
+             f"{sum(r['holds_zero'] for r in compared)}; each run's mean lies inside the other's interval in "
+             f"{sum(bool(r['within']) for r in compared)} (a stricter test, which two runs of three seeds each "
+             f"fail about one time in six by chance alone). Its files are in [{PREVIOUS}/]({link}).", ""]
+
+    def verdict(r: dict, key: str) -> str:
+        return f"not compared: {r['changed']}" if r["changed"] else ("yes" if r[key] else "**no**")
+    lines += _table(["figure", "previous run", "this run", "this minus previous", "difference holds zero",
+                     "each mean inside the other's interval"],
+                    [[r["figure"], interval(r["previous"], r["spec"], r["unit"]),
+                      interval(r["now"], r["spec"], r["unit"]), interval(r["difference"], "+" + r["spec"].lstrip("+")),
+                      verdict(r, "holds_zero"), verdict(r, "within")] for r in rows])
     return lines
 
 

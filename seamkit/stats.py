@@ -69,6 +69,21 @@ def stats(values: list) -> dict | None:
     return {"n": n, "mean": mean, "std": std, "ci95": [mean - half, mean + half], "values": xs}
 
 
+def difference(a: dict, b: dict) -> dict | None:
+    """a's mean minus b's, two `stats` summaries of independent samples, with Welch's 95% interval
+    (the Welch-Satterthwaite degrees of freedom, rounded down: the wider interval); None where
+    either has no spread (one value)."""
+    if not (a and b and a.get("std") is not None and b.get("std") is not None):
+        return None
+    va, vb = a["std"] ** 2 / a["n"], b["std"] ** 2 / b["n"]
+    mean = a["mean"] - b["mean"]
+    if va + vb == 0:
+        return {"mean": mean, "ci95": [mean, mean]}
+    df = (va + vb) ** 2 / (va ** 2 / (a["n"] - 1) + vb ** 2 / (b["n"] - 1))
+    half = t_quantile(0.975, max(1, math.floor(df))) * math.sqrt(va + vb)
+    return {"mean": mean, "ci95": [mean - half, mean + half], "df": df}
+
+
 def interval(s: dict | None, spec: str, unit: str = "", missing: str = "-") -> str:
     """A `stats` summary as text: 'mean [lo, hi]' (its 95% interval), or the mean and n where it
     has no interval; `spec` formats each number, `unit` follows the mean."""

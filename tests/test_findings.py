@@ -145,6 +145,8 @@ def test_the_page_sets_the_previous_run_beside_this_one(dry_run, tmp_path):
         rep.write_json(prev / f"{n}.json", doc)
     rows = {r["figure"]: r for r in findings_page.repeat(findings_page._load(here), findings_page._load(prev))}
     assert rows["seams_n1: local gap to e2e"]["within"] is False
+    assert rows["seams_n1: local gap to e2e"]["holds_zero"] is False
+    assert rows["seams_n1: delayed gap to e2e"]["holds_zero"] is True
     assert rows["seams_n1: delayed gap to e2e"]["within"] is True
     assert rows["seams_n2: local tokens/s over e2e"]["within"] is True
     own = rows["own_head: gap minus aux_head's"]

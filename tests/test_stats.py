@@ -7,6 +7,7 @@ import math
 import pytest
 
 from seamkit.stats import (
+    difference,
     held_out_time_to_target,
     stats,
     t_quantile,
@@ -51,3 +52,15 @@ def test_train_curve_time_to_target_takes_the_first_point_in_time():
     assert train_curve_time_to_target(elapsed, losses, 2.5) == 4.0  # no interpolation
     assert train_curve_time_to_target(elapsed, losses, 0.5) is None
     assert train_curve_time_to_target([], [], 2.5) is None  # a report without curve times
+
+
+def test_difference_is_welchs_interval_of_two_means():
+    """[1, 2, 3] minus [4, 6, 8]: variances of the means 1/3 and 4/3, Welch-Satterthwaite df
+    (5/3)^2 / ((1/3)^2/2 + (4/3)^2/2) = 2.94, rounded down to 2 (t = 4.303). Planted faults this
+    catches: the df rounded up (t = 3.182), a pooled variance, the sign of the difference."""
+    d = difference(stats([1, 2, 3]), stats([4, 6, 8]))
+    half = 4.302652729911275 * math.sqrt(5 / 3)
+    assert d["mean"] == -4.0 and abs(d["df"] - 50 / 17) < 1e-12
+    assert all(abs(x - y) < 1e-9 for x, y in zip(d["ci95"], [-4 - half, -4 + half]))
+    assert difference(stats([1.0]), stats([1, 2])) is None  # one value: no spread
+    assert difference(stats([2, 2]), stats([1, 1]))["ci95"] == [1.0, 1.0]

@@ -185,6 +185,9 @@ class SeamsConfig:
     # drifts 10-20% between minutes (what the rounds are for), so past a few hundred steps it settles no further
     calibrate_steps: int = ranged(12, ge=4, le=CALIBRATE_STEPS_MAX)
     calibrate_rounds: int = ranged(2, ge=1, le=CALIBRATE_ROUNDS_MAX)  # runs per candidate (order reversed each round)
+    # then this many more rounds of only the candidates within the drift (calibration.CONTEND_TOL) of
+    # an arm's fastest: close calls are settled by more runs, clear ones cost nothing more
+    calibrate_contend: int = ranged(2, ge=0, le=CALIBRATE_ROUNDS_MAX)
     # delayed arm: steps an output-gradient takes to cross each seam backwards. Segment k of S waits
     # delay*(S-1-k) steps for its gradient and keeps that many batches in flight (with stashing, a weight
     # copy each: about 85 MiB a step of depth on the cpu preset). delay*(S-1) is at most IN_FLIGHT_MAX

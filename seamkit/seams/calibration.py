@@ -5,7 +5,10 @@ of its own (as the study runs it, `processes.run_arms`), outside every arm's bud
 taken over the steps after the first quarter (warm-up: allocations, the first pipeline fill),
 from the loss curve's per-step times. Every candidate runs `seams.calibrate_rounds` times (the
 order reversed every other round) and counts at its median: a machine's speed drifts by 10-20%
-between minutes, and candidates within that of each other are otherwise ranked by the drift.
+between minutes, and candidates within that of each other are otherwise ranked by the drift. So
+the candidates whose median is within CONTEND_TOL of their arm's fastest (the contenders) run
+`seams.calibrate_contend` rounds more, and their median is over all their runs: a close call
+gets more runs, a clear one none.
 
 Speeds are host-true. `seams.calibration`: `run` measures now; `auto` (the default) looks for a
 committed calibration (`calibrations.json`, package data written by bench/placement.py) of this
@@ -42,6 +45,7 @@ from seamkit.threads import openmp_wait, usable_cores
 COMMITTED = Path(__file__).resolve().parents[1] / "calibrations.json"  # package data
 RETIME_TOL = 0.15  # a committed speed holds here when re-timed within this share of it
 FINGERPRINT_TOL = 0.15  # hosts whose fingerprints differ by more are different hosts
+CONTEND_TOL = 0.15  # candidates this close to their arm's fastest run seams.calibrate_contend rounds more
 # the config fields a candidate's speed depends on (not the seed, budget or learning rate)
 NEVER = lambda: False  # noqa: E731 -- a stop() that never asks
 SPEED_FIELDS = ("model", "data.batch", "train.dtype", "train.device", "train.compile", "train.threads",
@@ -102,27 +106,45 @@ def _median(values: list) -> float | None:
 def measure(cfg: RunConfig, devices: int, cands: dict[str, list[Placement]], progress=None,
             rounds: int | None = None, stop=NEVER) -> dict:
     """Every candidate `rounds` times, one after the other, the order reversed every other round so
-    a drift of the machine reaches all alike: {arm: {name: median tokens/s}}, every run's speed
-    (`spread`) and the seconds taken. `stop()` True (a signal) ends the candidate running and
-    raises KeyboardInterrupt."""
+    a drift of the machine reaches all alike, then the contenders `seams.calibrate_contend` rounds
+    more: {arm: {name: median tokens/s}}, every run's speed (`spread`), the contenders of each
+    arm that ran again (`contended`) and the seconds taken. `stop()` True (a signal) ends the
+    candidate running and raises KeyboardInterrupt."""
     rounds = rounds or cfg.seams.calibrate_rounds
     short, per_step = short_config(cfg), cfg.data.batch * cfg.model.seq
-    order = [(arm, p) for arm, ps in cands.items() for p in ps]
     runs, t0 = {arm: {p.name: [] for p in ps} for arm, ps in cands.items()}, time.perf_counter()
-    for r in range(rounds):
-        for i, (arm, p) in enumerate(order if r % 2 == 0 else order[::-1]):
-            if progress is not None:
-                progress({"kind": "calibration", "arm": arm, "placement": p.name, "index": r * len(order) + i,
-                          "of": rounds * len(order)})
-            results, interrupted = run_arms({arm: ArmSpec(arm, short, p, devices)}, stop=stop)
-            if interrupted or stop():
-                raise KeyboardInterrupt
-            runs[arm][p.name].append(steady_tokens_per_s(results[arm], per_step) if arm in results else None)
+
+    def run_rounds(order: list, n: int, done: int = 0, of: int = 0) -> None:
+        for r in range(n):
+            for i, (arm, p) in enumerate(order if r % 2 == 0 else order[::-1]):
+                if progress is not None:
+                    progress({"kind": "calibration", "arm": arm, "placement": p.name,
+                              "index": done + r * len(order) + i, "of": of or n * len(order)})
+                results, interrupted = run_arms({arm: ArmSpec(arm, short, p, devices)}, stop=stop)
+                if interrupted or stop():
+                    raise KeyboardInterrupt
+                runs[arm][p.name].append(steady_tokens_per_s(results[arm], per_step) if arm in results else None)
+    order = [(arm, p) for arm, ps in cands.items() for p in ps]
+    run_rounds(order, rounds)
+    close = {arm: [p for p in ps if _contends(runs[arm], p.name)] for arm, ps in cands.items()}
+    contenders = [(arm, p) for arm, ps in close.items() if len(ps) > 1 for p in ps]  # close calls only
+    extra = cfg.seams.calibrate_contend if contenders else 0
+    run_rounds(contenders, extra, rounds * len(order), rounds * len(order) + extra * len(contenders))
     spread = {arm: {n: {"values": v, "min": min(v), "max": max(v)} if _median(v) is not None else None
                     for n, v in vs.items()} for arm, vs in runs.items()}
+    more = (f"; {extra} more of those within {CONTEND_TOL:.0%} of their arm's fastest: "
+            + ", ".join(f"{a} {p.name}" for a, p in contenders) if extra else "")
     return {"tokens_per_s": {arm: {n: _median(v) for n, v in vs.items()} for arm, vs in runs.items()},
             "spread": spread, "seconds": time.perf_counter() - t0, "steps": cfg.seams.calibrate_steps,
-            "rounds": rounds, "source": f"measured in this run ({rounds} round{'s' if rounds > 1 else ''}, the median)"}
+            "rounds": rounds, "contended": {a: [p.name for b, p in contenders if b == a and extra] for a in cands},
+            "source": f"measured in this run ({rounds} round{'s' if rounds > 1 else ''}{more}; the median)"}
+
+
+def _contends(runs: dict[str, list], name: str) -> bool:
+    """Whether candidate `name`'s median is within CONTEND_TOL of the fastest median of its arm."""
+    med = {n: _median(v) for n, v in runs.items()}
+    best = max((v for v in med.values() if v is not None), default=None)
+    return best is not None and med[name] is not None and med[name] >= (1 - CONTEND_TOL) * best
 
 
 def committed(cfg: RunConfig, devices: int, path: Path | None = None, here: float | None = None) -> dict | None:

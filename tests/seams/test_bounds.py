@@ -27,14 +27,15 @@ def ceiling(cfg: C.RunConfig, key: str) -> int:
     per_batch = cfg.data.batch * cfg.model.seq
     return {"seams.delay": SEC.IN_FLIGHT_MAX // max(1, len(cfg.seam_segments) - 1),
             "seams.calibrate_steps": SEC.CALIBRATE_STEPS_MAX, "seams.calibrate_rounds": SEC.CALIBRATE_ROUNDS_MAX,
-            "seams.token_marks": SEC.TOKEN_MARKS_MAX, "seams.repeats": SEC.REPEATS_MAX,
+            "seams.calibrate_contend": SEC.CALIBRATE_ROUNDS_MAX, "seams.token_marks": SEC.TOKEN_MARKS_MAX,
+            "seams.repeats": SEC.REPEATS_MAX,
             "train.curve_points": SEC.CURVE_POINTS_MAX, "train.eval_tokens": SEC.EVAL_BATCHES_MAX * per_batch}[key]
 
 
 # every value that sizes work off the budget's clock: before the arms start (calibration, the FLOP
 # count's pipeline fill, the loss-curve marks), between and after them (held-out evaluations, snapshots)
-OFF_CLOCK = ["seams.delay", "seams.calibrate_steps", "seams.calibrate_rounds", "seams.token_marks",
-             "seams.repeats", "train.curve_points", "train.eval_tokens"]
+OFF_CLOCK = ["seams.delay", "seams.calibrate_steps", "seams.calibrate_rounds", "seams.calibrate_contend",
+             "seams.token_marks", "seams.repeats", "train.curve_points", "train.eval_tokens"]
 EXTREMES = [10 ** 9, 1e23, "1e23", "1000000000", -1]
 CASES = [(key, v) for key in OFF_CLOCK for v in EXTREMES]
 

@@ -91,7 +91,7 @@ def test_calibration_runs_every_candidate_each_round_and_counts_the_median(monke
         return {arm: _result(8, 6 * per_step / v, [0.0] * 8, arm)}, False
     monkeypatch.setattr(K, "run_arms", run_arms)
     cands = {"e2e": [Placement("single"), Placement("dp")], "local": [Placement("single"), Placement("stages")]}
-    got = K.measure(tiny(), 2, cands, rounds=3)
+    got = K.measure(tiny(**{"seams.calibrate_contend": 0}), 2, cands, rounds=3)
     order = [("e2e", "single"), ("e2e", "dp"), ("local", "single"), ("local", "stages")]
     assert ran == order + order[::-1] + order
     assert got["tokens_per_s"] == {"e2e": {"single": 10.0, "dp": 11.0}, "local": {"single": 5.0, "stages": 8.0}}
@@ -99,7 +99,36 @@ def test_calibration_runs_every_candidate_each_round_and_counts_the_median(monke
     assert got["rounds"] == 3 and "3 rounds" in got["source"]
     assert K.fastest(got["tokens_per_s"]["e2e"]) == "dp" and K.fastest(got["tokens_per_s"]["local"]) == "stages"
     ran.clear()
-    assert K.measure(tiny(), 2, cands)["rounds"] == tiny().seams.calibrate_rounds == 2 and len(ran) == 8
+    no_contest = tiny(**{"seams.calibrate_contend": 0})
+    assert K.measure(no_contest, 2, cands)["rounds"] == no_contest.seams.calibrate_rounds == 2 and len(ran) == 8
+
+
+def test_close_candidates_run_more_rounds_and_clear_ones_do_not(monkeypatch):
+    """After the rounds, the candidates within CONTEND_TOL of their arm's fastest run
+    seams.calibrate_contend rounds more, and their median is over every run: one round's drift no
+    longer picks between two close placements. Planted faults this catches: every candidate run
+    again (a clear call costs rounds), the extra runs left out of the median, an arm with one close
+    candidate (its fastest alone) run again."""
+    # one round: e2e dp looks 8% faster than single by a drift; three more runs of both say otherwise
+    speeds = {("e2e", "single"): [556.0, 760.0, 740.0], ("e2e", "dp"): [602.0, 600.0, 610.0],
+              ("e2e", "pipe:1f1b:4"): [350.0], ("local", "single"): [596.0], ("local", "stages"): [447.0]}
+    ran, per_step = [], tiny().data.batch * tiny().model.seq
+
+    def run_arms(specs, stop=None):
+        ((arm, spec),) = specs.items()
+        ran.append((arm, spec.placement.name))
+        v = speeds[ran[-1]][ran.count(ran[-1]) - 1]
+        return {arm: _result(8, 6 * per_step / v, [0.0] * 8, arm)}, False
+    monkeypatch.setattr(K, "run_arms", run_arms)
+    cands = {"e2e": [Placement("single"), Placement("dp"), C.parse_placement("pipe:1f1b:4")],
+             "local": [Placement("single"), Placement("stages")]}
+    seen = []
+    got = K.measure(tiny(**{"seams.calibrate_rounds": 1, "seams.calibrate_contend": 2}), 2, cands, progress=seen.append)
+    assert ran[5:] == [("e2e", "single"), ("e2e", "dp"), ("e2e", "dp"), ("e2e", "single")]  # reversed every other round
+    assert got["contended"] == {"e2e": ["single", "dp"], "local": []}
+    assert got["tokens_per_s"]["e2e"] == {"single": 740.0, "dp": 602.0, "pipe:1f1b:4": 350.0}
+    assert K.fastest(got["tokens_per_s"]["e2e"]) == "single" and "2 more of those within 15%" in got["source"]
+    assert [e["index"] for e in seen] == list(range(9)) and [e["of"] for e in seen] == [5] * 5 + [9] * 4
 
 
 def test_best_gives_each_arm_its_fastest_candidate(monkeypatch):
