@@ -393,13 +393,13 @@ def run_findings(preset: str = "cpu", out_dir="bench/results/findings", page_pat
             "page": written, "published": published}
 
 
-def _keep_previous(ctx: Context, plan: list[Step], out_dir: Path) -> list[str]:
+def _keep_previous(ctx: Context, plan: list[Step], out_dir: Path) -> None:
     """Before a commit's first publish, copy the files published by the run before it (another
     commit's) into <out>/previous/, replacing the run kept there, so the page can set the two runs
-    side by side; the names kept."""
+    side by side."""
     old = [s.name for s in plan if (out_dir / f"{s.name}.json").is_file()]
     if not old or any((_block(out_dir / f"{n}.json") or {}).get("commit") == ctx.commit for n in old):
-        return []
+        return
     prev, new, gone = (out_dir / name for name in (page.PREVIOUS, f".{page.PREVIOUS}.new",
                                                     f".{page.PREVIOUS}.old"))
     for d in (new, gone):
@@ -411,18 +411,15 @@ def _keep_previous(ctx: Context, plan: list[Step], out_dir: Path) -> list[str]:
         prev.rename(gone)
     new.rename(prev)
     shutil.rmtree(gone, ignore_errors=True)
-    return old
 
 
 def _publish(ctx: Context, plan: list[Step], out_dir: Path) -> list[str]:
     """Copy every done step's file from run/ to `out_dir` (atomically), the run before this
     commit's kept in previous/ first; their names."""
-    if any(done(ctx, step) for step in plan):
+    ready = [step.name for step in plan if done(ctx, step)]
+    if ready:
         _keep_previous(ctx, plan, out_dir)
-    names = []
-    for step in plan:
-        if done(ctx, step):
-            with rep.atomic_file(out_dir / f"{step.name}.json", "wb") as f, open(ctx.path(step.name), "rb") as src:
-                shutil.copyfileobj(src, f)
-            names.append(step.name)
-    return names
+    for name in ready:
+        with rep.atomic_file(out_dir / f"{name}.json", "wb") as f, open(ctx.path(name), "rb") as src:
+            shutil.copyfileobj(src, f)
+    return ready

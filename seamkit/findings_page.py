@@ -376,10 +376,11 @@ def _previous_lines(docs: dict, previous: dict, link: str) -> list[str]:
         return []
     have = [d for d in previous.values() if d]
     commits = sorted({d["findings_step"]["commit"][:12] for d in have if d.get("findings_step")})
-    fp = have[0]["machine"].get("fingerprint") or 0
+    then_host, now_host = _machines(have[0])[0], _machines(_first(docs))[0]
+    fp = then_host.get("fingerprint") or 0
     date = max(d["findings_step"]["finished_utc"] for d in have if d.get("findings_step"))[:10]
     compared = [r for r in rows if r["holds_zero"] is not None]
-    host = "" if _same_host(have[0]["machine"], _first(docs)["machine"]) else ", another host"
+    host = "" if _same_host(then_host, now_host) else ", another host"
     lines = [f"The run published before this one (commit {', '.join(commits)}, {date}, speed fingerprint "
              f"{fp / 1e9:.1f} GFLOP/s{host}), figure by figure. Of {len(compared)} figures compared, the 95% "
              f"interval of the difference between the runs (Welch) holds zero in "

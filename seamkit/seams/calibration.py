@@ -126,8 +126,8 @@ def measure(cfg: RunConfig, devices: int, cands: dict[str, list[Placement]], pro
                 runs[arm][p.name].append(steady_tokens_per_s(results[arm], per_step) if arm in results else None)
     order = [(arm, p) for arm, ps in cands.items() for p in ps]
     run_rounds(order, rounds)
-    close = {arm: [p for p in ps if _contends(runs[arm], p.name)] for arm, ps in cands.items()}
-    contenders = [(arm, p) for arm, ps in close.items() if len(ps) > 1 for p in ps]  # close calls only
+    close = {arm: _close_call(vs) for arm, vs in runs.items()} if cfg.seams.calibrate_contend else {}
+    contenders = [(arm, p) for arm, ps in cands.items() for p in ps if p.name in close.get(arm, ())]
     extra = cfg.seams.calibrate_contend if contenders else 0
     run_rounds(contenders, extra, rounds * len(order), rounds * len(order) + extra * len(contenders))
     spread = {arm: {n: {"values": v, "min": min(v), "max": max(v)} if _median(v) is not None else None
@@ -136,15 +136,17 @@ def measure(cfg: RunConfig, devices: int, cands: dict[str, list[Placement]], pro
             + ", ".join(f"{a} {p.name}" for a, p in contenders) if extra else "")
     return {"tokens_per_s": {arm: {n: _median(v) for n, v in vs.items()} for arm, vs in runs.items()},
             "spread": spread, "seconds": time.perf_counter() - t0, "steps": cfg.seams.calibrate_steps,
-            "rounds": rounds, "contended": {a: [p.name for b, p in contenders if b == a and extra] for a in cands},
+            "rounds": rounds, "contended": {a: [p.name for b, p in contenders if b == a] for a in cands},
             "source": f"measured in this run ({rounds} round{'s' if rounds > 1 else ''}{more}; the median)"}
 
 
-def _contends(runs: dict[str, list], name: str) -> bool:
-    """Whether candidate `name`'s median is within CONTEND_TOL of the fastest median of its arm."""
+def _close_call(runs: dict[str, list]) -> set[str]:
+    """An arm's candidates whose median is within CONTEND_TOL of its fastest median, where more
+    than one is (a close call); else none."""
     med = {n: _median(v) for n, v in runs.items()}
     best = max((v for v in med.values() if v is not None), default=None)
-    return best is not None and med[name] is not None and med[name] >= (1 - CONTEND_TOL) * best
+    close = {n for n, v in med.items() if best is not None and v is not None and v >= (1 - CONTEND_TOL) * best}
+    return close if len(close) > 1 else set()
 
 
 def committed(cfg: RunConfig, devices: int, path: Path | None = None, here: float | None = None) -> dict | None:
