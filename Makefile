@@ -8,6 +8,8 @@ VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
 PRESET ?= cpu
 OUT ?= reports
+# pytest-xdist workers of `make test` (tests/conftest.py says how the files are shared among them)
+TEST_WORKERS ?= 2
 PY := $(VENV)/bin/python
 
 .PHONY: venv test reproduce findings clean
@@ -22,7 +24,7 @@ $(VENV)/.installed: pyproject.toml
 venv: $(VENV)/.installed
 
 test: venv
-	$(PY) -m pytest
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 reproduce: venv
 	$(VENV)/bin/seamkit reproduce --preset $(PRESET) --out $(OUT)

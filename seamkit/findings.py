@@ -19,8 +19,9 @@ Where the files go. Steps write into `<out>/run/` (git ignores it): the JSONs, t
 checkpoints, and a marker of when each step started. Only once the steps asked for are done are
 the JSONs copied to `<out>/`, the figures drawn and the page written (`findings_page`), so results
 committed by an earlier run are rewritten at the end: while the steps run the tree stays as clean
-as it started, and every report's provenance names that commit. The run published before, at
-another commit, is kept in `<out>/previous/`, and the page sets its figures beside this run's.
+as it started, and every report's provenance names that commit. Each step's file published
+before, at another commit, is kept in `<out>/previous/`, and the page sets its figures beside this
+run's.
 
 Resuming. A step is done, and skipped, when its file in run/ was finished at this commit, under
 the same preset, budgets and --set, and the steps it reads were not run again since (`done`). A
@@ -393,32 +394,24 @@ def run_findings(preset: str = "cpu", out_dir="bench/results/findings", page_pat
             "page": written, "published": published}
 
 
-def _keep_previous(ctx: Context, plan: list[Step], out_dir: Path) -> None:
-    """Before a commit's first publish, copy the files published by the run before it (another
-    commit's) into <out>/previous/, replacing the run kept there, so the page can set the two runs
-    side by side."""
-    old = [s.name for s in plan if (out_dir / f"{s.name}.json").is_file()]
-    if not old or any((_block(out_dir / f"{n}.json") or {}).get("commit") == ctx.commit for n in old):
-        return
-    prev, new, gone = (out_dir / name for name in (page.PREVIOUS, f".{page.PREVIOUS}.new",
-                                                    f".{page.PREVIOUS}.old"))
-    for d in (new, gone):
-        shutil.rmtree(d, ignore_errors=True)
-    new.mkdir(parents=True)
-    for n in old:
-        shutil.copy2(out_dir / f"{n}.json", new / f"{n}.json")
-    if prev.exists():  # swapped by renames: a crash leaves the old run or the new one, never half of one
-        prev.rename(gone)
-    new.rename(prev)
-    shutil.rmtree(gone, ignore_errors=True)
+def _keep_previous(ctx: Context, names: list[str], out_dir: Path) -> None:
+    """Before a step's first publish at this commit, its file published before (another
+    commit's) goes to <out>/previous/, step by step, so the page can set each step beside its
+    run before: a run of one step (--only) replaces that step's previous file alone."""
+    for name in names:
+        block = _block(out_dir / f"{name}.json")
+        if block is not None and block.get("commit") != ctx.commit:
+            (out_dir / page.PREVIOUS).mkdir(exist_ok=True)
+            with rep.atomic_file(out_dir / page.PREVIOUS / f"{name}.json", "wb") as f, \
+                    open(out_dir / f"{name}.json", "rb") as src:
+                shutil.copyfileobj(src, f)
 
 
 def _publish(ctx: Context, plan: list[Step], out_dir: Path) -> list[str]:
     """Copy every done step's file from run/ to `out_dir` (atomically), the run before this
     commit's kept in previous/ first; their names."""
     ready = [step.name for step in plan if done(ctx, step)]
-    if ready:
-        _keep_previous(ctx, plan, out_dir)
+    _keep_previous(ctx, ready, out_dir)
     for name in ready:
         with rep.atomic_file(out_dir / f"{name}.json", "wb") as f, open(ctx.path(name), "rb") as src:
             shutil.copyfileobj(src, f)

@@ -94,7 +94,8 @@ def _plan(calls: list, stop: dict):
 def test_resume_skips_done_steps_and_reruns_what_another_commit_made(tmp_path, monkeypatch):
     """Planted faults this catches: done steps run again; a step made at another commit (or
     reading a step run again since) skipped; an interrupted study started over instead of resumed,
-    or resumed across commits."""
+    or resumed across commits; previous/ replaced on every publish, or as a whole by a run of one
+    step."""
     calls, stop = [], {"s": True}
     monkeypatch.setattr(rep, "git_commit", lambda: "c1")
 
@@ -125,6 +126,12 @@ def test_resume_skips_done_steps_and_reruns_what_another_commit_made(tmp_path, m
         assert json.loads((tmp_path / "a.json").read_text())["findings_step"]["commit"] == "c2"
         kept = json.loads((tmp_path / findings_page.PREVIOUS / "a.json").read_text())["findings_step"]
         assert kept["commit"] == "c1"
+    # one step run again at c3 (--only): its file of c2 becomes its previous one; the others keep c1's
+    monkeypatch.setattr(rep, "git_commit", lambda: "c3")
+    F.run_findings(preset="tiny", out_dir=tmp_path, page_path=None, plan=_plan(calls, stop), progress=False, only="a")
+    commits = {n: json.loads((tmp_path / findings_page.PREVIOUS / f"{n}.json").read_text())["findings_step"]["commit"]
+               for n in ("a", "b")}
+    assert commits == {"a": "c2", "b": "c1"}
 
 
 def test_the_page_sets_the_previous_run_beside_this_one(dry_run, tmp_path):

@@ -40,6 +40,7 @@ def test_resolve_threads_order(monkeypatch):
     assert threads.resolve_threads(0) == 1
 
 
+@pytest.mark.alone
 def test_others_busy_cores_sees_a_busy_process_and_not_this_one():
     """A busy process beside this one is counted; this process's own busy thread is not."""
     hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
