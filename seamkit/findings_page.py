@@ -381,7 +381,8 @@ def _previous_lines(docs: dict, previous: dict, link: str) -> list[str]:
     date = max(d["findings_step"]["finished_utc"] for d in have if d.get("findings_step"))[:10]
     compared = [r for r in rows if r["holds_zero"] is not None]
     host = "" if _same_host(then_host, now_host) else ", another host"
-    lines = [f"The run published before this one (commit {', '.join(commits)}, {date}, speed fingerprint "
+    what = "The run published before this one" if len(commits) == 1 else "Each step's file published before this run's"
+    lines = [f"{what} (commit {', '.join(commits)}, {date}, speed fingerprint "
              f"{fp / 1e9:.1f} GFLOP/s{host}), figure by figure. Of {len(compared)} figures compared, the 95% "
              f"interval of the difference between the runs (Welch) holds zero in "
              f"{sum(r['holds_zero'] for r in compared)}; each run's mean lies inside the other's interval in "
@@ -450,7 +451,7 @@ def render(out_dir, page_path=None) -> str:
     except ReportError:
         manifest = {}
     lines = ["# Findings", "",
-             "Every headline figure of the kit, rerun on one machine from one commit by `make findings` "
+             "Every headline figure of the kit, rerun on one machine from a clean commit by `make findings` "
              "(`seamkit findings`); written from the JSON files it left, which each row and section links. "
              "Intervals are 95% intervals of the mean over paired seeds (pruning: over windows).", "",
              "## What was found", ""]
