@@ -137,7 +137,8 @@ def test_resume_skips_done_steps_and_reruns_what_another_commit_made(tmp_path, m
 def test_the_page_sets_the_previous_run_beside_this_one(dry_run, tmp_path):
     """Each headline figure against the previous run's, each mean inside the other's interval.
     Planted faults this catches: a figure moved outside the previous interval still called
-    repeated; a step run at another budget compared as if it were the same; the section missing."""
+    repeated; a step run at another budget compared as if it were the same; the section missing;
+    previous files of several commits called one run."""
     out, _, _ = dry_run
     here, prev = tmp_path / "out", tmp_path / "out" / findings_page.PREVIOUS
     prev.mkdir(parents=True)
@@ -162,3 +163,10 @@ def test_the_page_sets_the_previous_run_beside_this_one(dry_run, tmp_path):
     text = findings_page.render(here, tmp_path / "docs" / "findings.md")
     assert "## Against the previous run" in text and "| seams_n1: local gap to e2e |" in text
     assert "[previous/](../out/previous/)" in text and "**no**" in text
+    assert "The run published before this one (commit" in text
+    # one step run again since (--only): the steps' previous files come from two commits
+    doc = rep.read_json(prev / "qwen.json")
+    doc["findings_step"]["commit"] = "f" * 40
+    rep.write_json(prev / "qwen.json", doc)
+    text = findings_page.render(here)
+    assert "Each step's file published before this run's (commit " in text and "ffffffffffff" in text
