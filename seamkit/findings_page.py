@@ -6,6 +6,7 @@ Every number on the page is read from `<out>/<step>.json` as `seamkit findings` 
 interval is the 95% interval of the mean (Student t, `seamkit.stats.stats`) over paired seeds, or
 over windows for pruning. Figures quoted side by side that were measured on different hosts
 (another CPU model or flags, or speed fingerprints more than FINGERPRINT_TOL apart) are marked so.
+What the files say and how two runs compare is read in `seamkit.findings_numbers`.
 """
 
 from __future__ import annotations
@@ -14,18 +15,12 @@ import json
 import os
 from pathlib import Path
 
+from seamkit.findings_numbers import (STEPS, gap_closed, gap_difference, hosts_differ, largest, load, machines,
+                                      paired, prune_numbers, repeat, same_host)
 from seamkit.forecast.predict import break_even
 from seamkit.report import ReportError, atomic_write_text, read_json
-from seamkit.seams.calibration import same_speed
-from seamkit.stats import difference, interval, stats
+from seamkit.stats import interval, stats
 
-# every step's section, in the plan's order
-STEPS = {"seams_n1": "The seams study on one device",
-         "seams_n2": "The seams study on two devices",
-         "forecast": "Forecast to 16 devices",
-         "own_head": "The own_head remedy on two devices",
-         "qwen": "Expensive heads: Qwen's vocabulary on two devices",
-         "pruning": "Exact pruning of a training step"}
 # the figures each step's section shows, by their names in ui.plots / forecast.figures
 FIGURES = {"seams_n1": ("loss_seconds", "time_to_target"), "seams_n2": ("loss_seconds", "placement"),
            "forecast": ("tokens_per_s", "time_to_target"), "own_head": ("loss_seconds",),
@@ -44,92 +39,21 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
     return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + ["| " + " | ".join(r) + " |" for r in rows]
 
 
-def _load(out_dir: Path) -> dict:
-    """{step: its file's JSON, or None when it is missing or unreadable}."""
-    docs = {}
-    for name in STEPS:
-        try:
-            docs[name] = read_json(out_dir / f"{name}.json")
-        except ReportError:
-            docs[name] = None
-    return docs
-
-
-def _same_host(a: dict, b: dict) -> bool:
-    fa, fb = a.get("fingerprint"), b.get("fingerprint")
-    return same_speed(fa, fb) and a.get("cpu") == b.get("cpu") and a.get("cpu_flags") == b.get("cpu_flags")
-
-
-def _machines(doc: dict) -> list[dict]:
-    """Every machine block a step's file names (pruning's two runs have one each)."""
-    found = [doc["machine"]] if isinstance(doc.get("machine"), dict) else []
-    return found + [d["machine"] for d in (doc.get("float32"), doc.get("float64")) if isinstance(d, dict)
-                    and isinstance(d.get("machine"), dict)]
-
-
-def _hosts_differ(docs: dict, names) -> bool:
-    ms = [m for n in names if docs.get(n) for m in _machines(docs[n])]
-    return any(not _same_host(ms[0], m) for m in ms[1:])
-
-
 # ----------------------------------------------------------------------------- the findings table
-
-def _paired(doc: dict, key: str):
-    return (doc.get("aggregate") or {}).get("paired", {}).get(key)
-
 
 def _gaps(doc: dict, what: str = "loss_gap", spec: str = "+.3f") -> str:
     arms = list(doc["arms"])[1:]
-    return "; ".join(f"{a} {interval(_paired(doc, f'{what}_{a}_minus_e2e'), spec)}" for a in arms)
+    return "; ".join(f"{a} {interval(paired(doc, f'{what}_{a}_minus_e2e'), spec)}" for a in arms)
 
 
 def _ratios(doc: dict, what: str) -> str:
-    return "; ".join(f"{a} {interval(_paired(doc, f'{what}_{a}_over_e2e'), '.2f', 'x')}" for a in list(doc["arms"])[1:])
-
-
-def _seed_gaps(doc: dict) -> dict:
-    """{seed: local's final held-out loss minus e2e's} of the seeds where both completed."""
-    out = {}
-    for r in doc.get("repeats") or []:
-        e, lo = r["arms"].get("e2e", {}), r["arms"].get("local", {})
-        if e.get("final_loss") is not None and lo.get("final_loss") is not None:
-            out[r["seed"]] = lo["final_loss"] - e["final_loss"]
-    return out
-
-
-def gap_closed(own: dict, base: dict) -> dict | None:
-    """Share of `base`'s local gap that `own`'s local closes, seed by seed (1 - own gap / base
-    gap, both against e2e of the same seed; seeds where base's local was no worse are left out)."""
-    g_own, g_base = _seed_gaps(own), _seed_gaps(base)
-    return stats([1 - g_own[s] / g_base[s] for s in g_own if s in g_base and g_base[s] > 0])
-
-
-def gap_difference(own: dict, base: dict) -> dict | None:
-    """`own`'s local gap minus `base`'s, seed by seed (each against e2e of the same seed), in nats:
-    below zero where own's objective ends nearer e2e. Unlike the share closed, it stays stable
-    when base's gap is near zero."""
-    g_own, g_base = _seed_gaps(own), _seed_gaps(base)
-    return stats([g_own[s] - g_base[s] for s in g_own if s in g_base])
+    return "; ".join(f"{a} {interval(paired(doc, f'{what}_{a}_over_e2e'), '.2f', 'x')}" for a in list(doc["arms"])[1:])
 
 
 def _budgets(own: dict, base: dict) -> str:
     """A note that two studies' gaps were read at different budgets (a gap shrinks with training)."""
     a, b = own.get("budget_seconds"), base.get("budget_seconds")
     return "" if a == b else f" (own_head's gaps at {a:g} s an arm, aux_head's at {b:g} s: not the same budget)"
-
-
-def _largest(check: dict) -> float:
-    """A pruning check's largest difference to the reference: loss, gradient, update or optimizer state."""
-    return max(abs(check[k]) for k in ("loss_delta", "gradient_max", "parameter_update_max", "optimizer_state_max"))
-
-
-def _prune_numbers(doc: dict, dtype: str) -> dict:
-    r = doc[dtype]
-    exact = [c for c in r["checks"] if c["mode"] == "prune_exact"]
-    return {"speedup": stats([w["speedup"] for w in r["windows"]]),
-            "memory": stats([w["memory_ratio"] for w in r["windows"]]),
-            "max_delta": max(_largest(c) for c in exact),
-            "declared": r["tolerances"].get("declared"), "within": r.get("within_tolerance")}
 
 
 def _rows(docs: dict) -> list[tuple[str, str, tuple]]:
@@ -177,7 +101,7 @@ def _rows(docs: dict) -> list[tuple[str, str, tuple]]:
                      f"{_ratios(d['qwen'], 'tokens_per_s')}" + (f" ({_ratios(n2, 'tokens_per_s')})" if n2 else ""),
                      ("qwen", "seams_n2") if n2 else ("qwen",)))
     if d.get("pruning"):
-        p32, p64 = _prune_numbers(d["pruning"], "float32"), _prune_numbers(d["pruning"], "float64")
+        p32, p64 = prune_numbers(d["pruning"], "float32"), prune_numbers(d["pruning"], "float64")
         rows.append(("Exact pruning: speed-up and memory of a training step (float32)",
                      f"{interval(p32['speedup'], '.2f', 'x')} faster, memory {interval(p32['memory'], '.2f', 'x')}",
                      ("pruning",)))
@@ -207,11 +131,11 @@ def _hosts_lines(docs: dict) -> list[str]:
                                                  if any(c.endswith("-dirty") for c in commits) else "") + ".",
              f"- Date: {max(f['finished_utc'] for f in fs.values())[:10]} (UTC), preset {fs[first]['preset']} "
              f"({fs[first]['scale']} scale)."]
-    other = [n for n in have if any(not _same_host(m, x) for x in _machines(have[n]))]
+    other = [n for n in have if any(not same_host(m, x) for x in machines(have[n]))]
     lines.append(f"- Measured on other hosts than {first}'s: {', '.join(other)} (see each section)." if other
                  else "- Every step ran on this one host.")
     rows = [[n, f["started_utc"].replace("T", " ")[:16], f"{f['wall_s'] / 60:.1f} min" + (" (resumed)" if f.get(
-        "resumed") else ""), f"{(_machines(have[n])[0].get('fingerprint') or 0) / 1e9:.1f}"] for n, f in fs.items()]
+        "resumed") else ""), f"{(machines(have[n])[0].get('fingerprint') or 0) / 1e9:.1f}"] for n, f in fs.items()]
     return lines + [""] + _table(["step", "started (UTC)", "wall time", "fingerprint GFLOP/s"], rows)
 
 
@@ -224,8 +148,8 @@ def _seams_section(doc: dict) -> list[str]:
     for a, arm in doc["arms"].items():
         rows.append([a, arm.get("placement", "single"), interval(agg[a]["tokens_per_s"], ",.0f"),
                      interval(agg[a]["final_loss"], ".3f"), "-" if a == "e2e" else
-                     interval(_paired(doc, f"loss_gap_{a}_minus_e2e"), "+.3f"),
-                     "-" if a == "e2e" else interval(_paired(doc, f"time_to_target_{a}_over_e2e"), ".2f", "x"),
+                     interval(paired(doc, f"loss_gap_{a}_minus_e2e"), "+.3f"),
+                     "-" if a == "e2e" else interval(paired(doc, f"time_to_target_{a}_over_e2e"), ".2f", "x"),
                      interval(stats([v / 1e6 for v in (agg[a]["peak_memory_bytes"] or {}).get("values", [])]), ",.0f")])
     return lines + _table(["arm", "placement", "tokens/s", "final held-out loss", "gap to e2e",
                            "time to target / e2e", "peak memory MB"], rows)
@@ -277,8 +201,8 @@ def _forecast_section(doc: dict) -> list[str]:
 def _pruning_section(doc: dict) -> list[str]:
     rows = []
     for dtype in ("float32", "float64"):
-        p, r = _prune_numbers(doc, dtype), doc[dtype]
-        base = max(_largest(c) for c in r["checks"] if c["mode"] == "base")
+        p, r = prune_numbers(doc, dtype), doc[dtype]
+        base = max(largest(c) for c in r["checks"] if c["mode"] == "base")
         rows.append([dtype, interval(p["speedup"], ".2f"), interval(p["memory"], ".2f"), f"{p['max_delta']:.1e}",
                      f"{base:.1e}",
                      "-" if p["declared"] is None else f"{p['declared']:g}",
@@ -311,76 +235,17 @@ SECTIONS = {"forecast": _forecast_section, "pruning": _pruning_section}  # the r
 
 # ----------------------------------------------------------------------------- against the previous run
 
-def headline(docs: dict) -> dict[str, tuple]:
-    """{figure: (step, its `stats` summary, format spec, unit)} of every headline figure with an
-    interval: the seams studies' e2e speed and loss, their gaps and ratios over e2e, own_head
-    against aux_head, pruning's speed-up and memory."""
-    out = {}
-    for n in ("seams_n1", "seams_n2", "own_head", "qwen"):
-        if not docs.get(n):
-            continue
-        e2e = docs[n]["aggregate"]["e2e"]  # the host's speed, and the loss that speed buys in the budget
-        out[f"{n}: e2e tokens/s"] = (n, e2e["tokens_per_s"], ",.0f", "")
-        out[f"{n}: e2e final held-out loss"] = (n, e2e["final_loss"], ".3f", "")
-        for a in list(docs[n]["arms"])[1:]:
-            out[f"{n}: {a} gap to e2e"] = (n, _paired(docs[n], f"loss_gap_{a}_minus_e2e"), "+.3f", "")
-            out[f"{n}: {a} tokens/s over e2e"] = (n, _paired(docs[n], f"tokens_per_s_{a}_over_e2e"), ".2f", "x")
-            if n.startswith("seams_"):
-                out[f"{n}: {a} time to target over e2e"] = (n, _paired(docs[n], f"time_to_target_{a}_over_e2e"),
-                                                            ".2f", "x")
-        if n == "own_head" and docs.get("seams_n2"):
-            out["own_head: gap minus aux_head's"] = (n, gap_difference(docs[n], docs["seams_n2"]), "+.3f", "")
-    if docs.get("pruning"):
-        p = _prune_numbers(docs["pruning"], "float32")
-        out["pruning: speed-up (float32)"] = ("pruning", p["speedup"], ".2f", "x")
-        out["pruning: memory ratio (float32)"] = ("pruning", p["memory"], ".2f", "x")
-    return out
-
-
-def _inside(x: float, s: dict) -> bool:
-    return s["ci95"][0] <= x <= s["ci95"][1]
-
-
-def _changed(a: dict, b: dict) -> str | None:
-    """What differs between two runs' files of one step that makes their figures incomparable."""
-    keys = ("budget_seconds", "objective", "seeds") if "budget_seconds" in a else ()
-    diff = [f"{k} {a.get(k)} then, {b.get(k)} now" for k in keys if a.get(k) != b.get(k)]
-    return "; ".join(diff) or None
-
-
-def repeat(docs: dict, previous: dict) -> list[dict]:
-    """Each headline figure of this run against the previous run's: both summaries, whether each
-    run's mean lies inside the other's 95% interval (`within`), and the difference of the means
-    with Welch's 95% interval and whether it holds zero (`holds_zero`). Two runs of three seeds
-    each, of one quantity, fail `within` about one time in six by chance (simulated, normal
-    seeds); the difference's interval is the test, at 5% a figure. Both None, with the reason in
-    `changed`, where the step changed between the runs or a figure has no interval."""
-    now, then = headline(docs), headline(previous)
-    rows = []
-    for fig, (step, s_now, spec, unit) in now.items():
-        s_then = then.get(fig, (None, None))[1]
-        if not (s_now and s_then):
-            continue
-        why_not = _changed(previous[step], docs[step]) or (
-            None if s_now.get("ci95") and s_then.get("ci95") else "no interval (one seed or window)")
-        diff = None if why_not else difference(s_now, s_then)
-        rows.append({"figure": fig, "previous": s_then, "now": s_now, "spec": spec, "unit": unit, "changed": why_not,
-                     "within": None if why_not else _inside(s_now["mean"], s_then) and _inside(s_then["mean"], s_now),
-                     "difference": diff, "holds_zero": None if diff is None else _inside(0.0, diff)})
-    return rows
-
-
 def _previous_lines(docs: dict, previous: dict, link: str) -> list[str]:
     rows = repeat(docs, previous)
     if not rows:
         return []
     have = [d for d in previous.values() if d]
     commits = sorted({d["findings_step"]["commit"][:12] for d in have if d.get("findings_step")})
-    then_host, now_host = _machines(have[0])[0], _machines(_first(docs))[0]
+    then_host, now_host = machines(have[0])[0], machines(_first(docs))[0]
     fp = then_host.get("fingerprint") or 0
     date = max(d["findings_step"]["finished_utc"] for d in have if d.get("findings_step"))[:10]
     compared = [r for r in rows if r["holds_zero"] is not None]
-    host = "" if _same_host(then_host, now_host) else ", another host"
+    host = "" if same_host(then_host, now_host) else ", another host"
     what = "The run published before this one" if len(commits) == 1 else "Each step's file published before this run's"
     lines = [f"{what} (commit {', '.join(commits)}, {date}, speed fingerprint "
              f"{fp / 1e9:.1f} GFLOP/s{host}), figure by figure. Of {len(compared)} figures compared, the 95% "
@@ -414,7 +279,7 @@ def draw_figures(out_dir, img_dir, pngs: bool = True) -> dict:
     out_dir, img_dir = Path(out_dir), Path(img_dir)
     draw = {"forecast": forecast_figures, "pruning": lambda d: pruning_figures(d["float32"])}
     figs = {}
-    for name, doc in _load(out_dir).items():
+    for name, doc in load(out_dir).items():
         if doc:
             made = draw.get(name, seams_figures)(doc)
             figs.update({f"{name}_{f}": made[f] for f in FIGURES[name] if f in made})
@@ -445,7 +310,7 @@ def render(out_dir, page_path=None) -> str:
     (default: a page in `out_dir`)."""
     out_dir = Path(out_dir)
     page_dir = Path(page_path).parent if page_path is not None else out_dir
-    docs = _load(out_dir)
+    docs = load(out_dir)
     try:
         manifest = read_json(out_dir / MANIFEST)
     except ReportError:
@@ -455,12 +320,12 @@ def render(out_dir, page_path=None) -> str:
              "(`seamkit findings`); written from the JSON files it left, which each row and section links. "
              "Intervals are 95% intervals of the mean over paired seeds (pruning: over windows).", "",
              "## What was found", ""]
-    rows = [[q + (" (measured on different hosts)" if _hosts_differ(docs, src) else ""), a,
+    rows = [[q + (" (measured on different hosts)" if hosts_differ(docs, src) else ""), a,
              ", ".join(_link(s, out_dir, page_dir) for s in src)] for q, a, src in _rows(docs)]
     lines += _table(["question", "answer", "source"], rows) if rows else ["No step has finished yet."]
     if any(docs.values()):
         lines += ["", "## Where and when", ""] + _hosts_lines(docs)
-        previous = _load(out_dir / PREVIOUS) if (out_dir / PREVIOUS).is_dir() else {}
+        previous = load(out_dir / PREVIOUS) if (out_dir / PREVIOUS).is_dir() else {}
         if any(previous.values()):
             again = _previous_lines(docs, previous, os.path.relpath(out_dir / PREVIOUS, page_dir) + "/")
             lines += ["", "## Against the previous run", ""] + again if again else []
@@ -473,7 +338,7 @@ def render(out_dir, page_path=None) -> str:
             lines.append(f"Not run yet: `seamkit findings --only {name}` runs it.")
             continue
         lines.append(f"Source: {_link(name, out_dir, page_dir)}.")
-        if _hosts_differ(docs, [next(n for n in STEPS if docs[n]), name]):
+        if hosts_differ(docs, [next(n for n in STEPS if docs[n]), name]):
             lines.append("Measured on another host than the first step (see Where and when).")
         lines += [""] + SECTIONS.get(name, _seams_section)(doc) + _extra_lines(name, docs)
         lines += _figure_lines(name, out_dir, page_dir, manifest)

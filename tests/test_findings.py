@@ -7,7 +7,7 @@ import json
 import pytest
 
 from seamkit import findings as F
-from seamkit import findings_page
+from seamkit import findings_numbers, findings_page
 from seamkit import report as rep
 from seamkit.cli import main
 from seamkit.seams.resume import study_state_path
@@ -151,7 +151,7 @@ def test_the_page_sets_the_previous_run_beside_this_one(dry_run, tmp_path):
         if n == "own_head":
             doc["budget_seconds"] = 60.0
         rep.write_json(prev / f"{n}.json", doc)
-    rows = {r["figure"]: r for r in findings_page.repeat(findings_page._load(here), findings_page._load(prev))}
+    rows = {r["figure"]: r for r in findings_numbers.repeat(findings_numbers.load(here), findings_numbers.load(prev))}
     assert rows["seams_n1: local gap to e2e"]["within"] is False
     assert rows["seams_n1: local gap to e2e"]["holds_zero"] is False
     assert rows["seams_n1: delayed gap to e2e"]["holds_zero"] is True
