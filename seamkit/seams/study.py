@@ -13,7 +13,8 @@ neighbour slows both alike. Then, off every clock, in this process:
   (`snapshots.Snapshots` keeps a doubling grid of steps, so the last mark is within a grid step of it);
 - time to target: the training seconds each arm needs to reach the held-out loss every arm
   reaches (the worst final loss), linearly interpolated between the two held-out points either
-  side of the crossing, found among the arm's snapshots by bisection (`first_at_or_below`); an
+  side of the crossing, found among the arm's snapshots by bisection (`first_at_or_below`,
+  starting between the equal-token marks either side of it, already evaluated); an
   arm already there at its first snapshot is `censored` (its time is at most that), and its
   ratio to e2e is left out;
 - costs (`seams.costs`): parameters and FLOPs per token counted on one real step per arm, and MFU
@@ -72,11 +73,16 @@ def equal_token_marks(snapshots: dict, steps: dict, marks: int) -> list[int]:
     return sorted(picked)
 
 
-def first_at_or_below(steps: list[int], loss_at: Callable[[int], float], target: float) -> int:
+def first_at_or_below(steps: list[int], loss_at: Callable[[int], float], target: float,
+                      known: dict[int, float] | None = None) -> int:
     """Index of the first of `steps` (ascending) whose held-out loss is at or below `target`,
     len(steps) when none is, found by bisection as loss falls with training: the steps either side
-    of the crossing are evaluated, about log2(len) of them in all."""
-    lo, hi = 0, len(steps)
+    of the crossing are evaluated, about log2(len) of them in all. `known` (step -> loss, steps
+    evaluated already) narrows the search first, as bisection would read them: it starts between
+    the first known step at or below the target and the last known one above it before that."""
+    known = known or {}
+    hi = next((i for i, s in enumerate(steps) if s in known and known[s] <= target), len(steps))
+    lo = max((i + 1 for i, s in enumerate(steps[:hi]) if s in known), default=0)
     while lo < hi:
         mid = (lo + hi) // 2
         if loss_at(steps[mid]) <= target:
@@ -123,7 +129,8 @@ def held_out_views(cfg: RunConfig, corpus, results: dict) -> dict:
     censored = []
     for a in arms:
         steps = sorted(s for s in snaps[a] if s < results[a].steps)
-        if steps and first_at_or_below(steps, lambda s, a=a: evaluated(a, s)[1], target) == 0:
+        known = {s: v[1] for s, v in seen[a].items()}  # the equal-token marks bracket the crossing
+        if steps and first_at_or_below(steps, lambda s, a=a: evaluated(a, s)[1], target, known) == 0:
             censored.append(a)  # at the target by its first snapshot: the time is at most that
     curve = {a: sorted([(s, v[1]) for s, v in seen[a].items()] + [(results[a].steps, results[a].final_loss)])
              for a in arms}

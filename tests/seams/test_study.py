@@ -116,6 +116,26 @@ def test_first_at_or_below_bisects_to_the_crossing():
         assert len(asked) <= math.ceil(math.log2(len(steps))) + 1
 
 
+def test_first_at_or_below_starts_from_the_steps_known_already():
+    """Steps evaluated already (the equal-token marks) bracket the crossing: the same step is
+    found, no known step is evaluated again, and fewer are evaluated than with no bracket.
+    Planted fault this catches: `known` ignored (5 evaluations, not 3 at most)."""
+    steps = list(range(10, 250, 10))
+    asked = []
+
+    def loss_at(s):
+        asked.append(s)
+        return 6.0 - s / 40
+    for target, first in ((5.0, 40), (3.0, 120), (1.0, 200), (5.9, 10), (-0.5, None)):
+        known = {s: 6.0 - s / 40 for s in (80, 160, 240)}
+        asked.clear()
+        i = S.first_at_or_below(steps, loss_at, target, known)
+        assert (steps[i] if i < len(steps) else None) == first
+        assert not set(asked) & set(known) and len(asked) <= 3
+    known = {80: 2.0, 160: 9.0}  # not falling: the first known at or below the target bounds the search
+    assert steps[S.first_at_or_below(steps, lambda s: 6.0 - s / 40, 3.0, known)] == 80
+
+
 def _views(monkeypatch, losses: dict, final: dict):
     """`held_out_views` over fake arms: snapshots every 10 steps to 240 (0.1 s a step), each
     snapshot's held-out loss from `losses[arm](step)`, the arm's final loss from `final`; returns
