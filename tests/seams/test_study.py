@@ -100,40 +100,38 @@ def test_equal_token_marks():
     assert S.equal_token_marks(snaps, {"e2e": 22, "local": 17}, 2) == [8, 16]
 
 
-def test_first_at_or_below_bisects_to_the_crossing():
-    """The first step at or below the target, in about log2(n) evaluations. Planted fault this
-    catches: a search that returns the step before the crossing (`lo` one short)."""
-    steps = list(range(10, 250, 10))
+STEPS = list(range(10, 250, 10))  # snapshot steps of a falling held-out curve, 6.0 - step / 40
+
+
+def _crossing(target: float, known: dict | None = None) -> tuple[int | None, list[int]]:
+    """(the step `first_at_or_below` finds on the falling curve, the steps it evaluated)."""
     asked = []
 
     def loss_at(s):
         asked.append(s)
         return 6.0 - s / 40
+    i = S.first_at_or_below(STEPS, loss_at, target, known)
+    return (STEPS[i] if i < len(STEPS) else None), asked
+
+
+def test_first_at_or_below_bisects_to_the_crossing():
+    """The first step at or below the target, in about log2(n) evaluations. Planted fault this
+    catches: a search that returns the step before the crossing (`lo` one short)."""
     for target, first in ((5.0, 40), (1.0, 200), (5.9, 10), (0.0, 240), (-0.5, None)):
-        asked.clear()
-        i = S.first_at_or_below(steps, loss_at, target)
-        assert (steps[i] if i < len(steps) else None) == first
-        assert len(asked) <= math.ceil(math.log2(len(steps))) + 1
+        step, asked = _crossing(target)
+        assert step == first and len(asked) <= math.ceil(math.log2(len(STEPS))) + 1
 
 
 def test_first_at_or_below_starts_from_the_steps_known_already():
     """Steps evaluated already (the equal-token marks) bracket the crossing: the same step is
     found, no known step is evaluated again, and fewer are evaluated than with no bracket.
     Planted fault this catches: `known` ignored (5 evaluations, not 3 at most)."""
-    steps = list(range(10, 250, 10))
-    asked = []
-
-    def loss_at(s):
-        asked.append(s)
-        return 6.0 - s / 40
     for target, first in ((5.0, 40), (3.0, 120), (1.0, 200), (5.9, 10), (-0.5, None)):
         known = {s: 6.0 - s / 40 for s in (80, 160, 240)}
-        asked.clear()
-        i = S.first_at_or_below(steps, loss_at, target, known)
-        assert (steps[i] if i < len(steps) else None) == first
-        assert not set(asked) & set(known) and len(asked) <= 3
+        step, asked = _crossing(target, known)
+        assert step == first and not set(asked) & set(known) and len(asked) <= 3
     known = {80: 2.0, 160: 9.0}  # not falling: the first known at or below the target bounds the search
-    assert steps[S.first_at_or_below(steps, lambda s: 6.0 - s / 40, 3.0, known)] == 80
+    assert _crossing(3.0, known)[0] == 80
 
 
 def _views(monkeypatch, losses: dict, final: dict):
