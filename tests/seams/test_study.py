@@ -100,7 +100,7 @@ def test_equal_token_marks():
     assert S.equal_token_marks(snaps, {"e2e": 22, "local": 17}, 2) == [8, 16]
 
 
-STEPS = list(range(10, 250, 10))  # snapshot steps of a falling held-out curve, 6.0 - step / 40
+SNAPSHOT_STEPS = list(range(10, 250, 10))  # snapshot steps of a falling held-out curve, 6.0 - step / 40
 
 
 def _crossing(target: float, known: dict | None = None) -> tuple[int | None, list[int]]:
@@ -110,8 +110,8 @@ def _crossing(target: float, known: dict | None = None) -> tuple[int | None, lis
     def loss_at(s):
         asked.append(s)
         return 6.0 - s / 40
-    i = S.first_at_or_below(STEPS, loss_at, target, known)
-    return (STEPS[i] if i < len(STEPS) else None), asked
+    i = S.first_at_or_below(SNAPSHOT_STEPS, loss_at, target, known)
+    return (SNAPSHOT_STEPS[i] if i < len(SNAPSHOT_STEPS) else None), asked
 
 
 def test_first_at_or_below_bisects_to_the_crossing():
@@ -119,7 +119,7 @@ def test_first_at_or_below_bisects_to_the_crossing():
     catches: a search that returns the step before the crossing (`lo` one short)."""
     for target, first in ((5.0, 40), (1.0, 200), (5.9, 10), (0.0, 240), (-0.5, None)):
         step, asked = _crossing(target)
-        assert step == first and len(asked) <= math.ceil(math.log2(len(STEPS))) + 1
+        assert step == first and len(asked) <= math.ceil(math.log2(len(SNAPSHOT_STEPS))) + 1
 
 
 def test_first_at_or_below_starts_from_the_steps_known_already():
